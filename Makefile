@@ -1,0 +1,21 @@
+# The README's two commands: `make bench` (the quick benchmark) and `make test`.
+PYTHON ?= python3
+SHARED_DATA := $(abspath ../shared/data)
+ifneq ($(wildcard $(SHARED_DATA)),)
+export GPSCALE_DATA ?= $(SHARED_DATA)
+endif
+
+.PHONY: install test bench lint
+
+install:
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e ".[dev,bench]"
+
+test: install
+	$(PYTHON) -m pytest -q
+
+bench: install
+	$(PYTHON) -m gpscale.cli bench --protocol quick --out results/quick
+
+lint:
+	$(PYTHON) -m ruff check src tests

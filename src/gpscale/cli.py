@@ -1,0 +1,183 @@
+"""The ``gpscale`` command: fit and predict from CSV files, list and download datasets.
+
+Errors are reported as one line on stderr with a non-zero exit status (1: bad input or data, 2: bad usage).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args) or 0
+    except BrokenPipeError:  # output piped into e.g. `head`
+        return 0
+    except KeyboardInterrupt:
+        print("gpscale: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"gpscale: error: {message}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpscale", description="Scalable Gaussian-process regression.")
+    sub = parser.add_subparsers(title="commands")
+
+    p = sub.add_parser("fit", help="train a model on a CSV file and save it")
+    p.add_argument("data", type=Path, help="CSV file with a header row; every column but the target is a feature")
+    p.add_argument("--target", required=True, help="name of the target column")
+    p.add_argument("--method", default="sgpr", help="exact, sgpr, svgp, ... (default: sgpr)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="model file to write (e.g. model.gps)")
+    p.add_argument("--n-inducing", type=int, default=512)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=None, help="default: 0.1 for full-batch methods, else 0.01")
+    p.add_argument("--kernel", default="rbf")
+    p.add_argument("--val-fraction", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a method option, repeatable (e.g. --option solver=qr)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_fit)
+
+    p = sub.add_parser("predict", help="predict with a saved model; writes mean and std columns")
+    p.add_argument("model", type=Path)
+    p.add_argument("data", type=Path, help="CSV file with a header row holding the model's feature columns")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    p.set_defaults(run=_predict)
+
+    p = sub.add_parser("data", help="list or download benchmark datasets")
+    data_sub = p.add_subparsers(title="data commands")
+    q = data_sub.add_parser("list", help="datasets known to gpscale and whether they are on disk")
+    q.add_argument("--data-dir", type=Path, default=None)
+    q.set_defaults(run=_data_list)
+    q = data_sub.add_parser("download", help="fetch a UCI dataset from its upstream repository")
+    q.add_argument("name")
+    q.add_argument("--data-dir", type=Path, default=None, help="destination (default: $GPSCALE_DATA)")
+    q.add_argument("--base-url", default=None, help=argparse.SUPPRESS)
+    q.set_defaults(run=_data_download)
+    return parser
+
+
+def _fit(args) -> None:
+    from .estimator import GPRegressor
+    from .models import get_model_class
+
+    names, table = _read_csv(args.data)
+    if args.target not in names:
+        raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
+    target = names.index(args.target)
+    features = [n for i, n in enumerate(names) if i != target]
+    X, y = np.delete(table, target, axis=1), table[:, target]
+    lr = args.lr if args.lr is not None else (0.1 if get_model_class(args.method).full_batch else 0.01)
+    reg = GPRegressor(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs,
+                      batch_size=args.batch_size, lr=lr, kernel=args.kernel, val_fraction=args.val_fraction,
+                      seed=args.seed, dtype=args.dtype, device=args.device, progress=not args.quiet,
+                      **_parse_options(args.option))
+    reg.fit(X, y)
+    reg.save(args.output, metadata={"feature_names": features, "target": args.target})
+    print(f"fitted {args.method} on {len(y)} rows x {len(features)} features in {reg.training_seconds_:.1f} s; "
+          f"saved {args.output}")
+
+
+def _predict(args) -> None:
+    from .estimator import GPRegressor
+
+    reg = GPRegressor.load(args.model)
+    names, table = _read_csv(args.data)
+    wanted = reg.metadata_.get("feature_names")
+    if wanted is not None:
+        missing = [n for n in wanted if n not in names]
+        if missing:
+            raise ValueError(f"{args.data} lacks the model's feature columns: {', '.join(missing)}.")
+        table = table[:, [names.index(n) for n in wanted]]
+    mean, std = reg.predict(table, return_std=True)
+    with open(args.output, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["mean", "std"])
+        writer.writerows(zip(mean.tolist(), std.tolist()))
+    print(f"wrote {len(mean)} predictions to {args.output}")
+
+
+def _data_list(args) -> None:
+    from .data import list_datasets
+
+    rows = list_datasets(args.data_dir)
+    print(f"{'name':<32} {'kind':<10} {'n':>8} {'d':>5}  available")
+    for r in rows:
+        n = "" if r["n"] is None else r["n"]
+        d = "" if r["d"] is None else r["d"]
+        print(f"{r['name']:<32} {r['kind']:<10} {n:>8} {d:>5}  {'yes' if r['available'] else 'no'}")
+
+
+def _data_download(args) -> None:
+    from .data import UCI_BASE_URL, data_dir, download_uci
+
+    dest = data_dir(args.data_dir)
+    if dest is None:
+        raise ValueError("Where should the data go? Pass --data-dir DIR or set GPSCALE_DATA.")
+    path = download_uci(args.name, dest, base_url=args.base_url or UCI_BASE_URL)
+    print(f"saved {path}")
+
+
+def _read_csv(path: Path) -> tuple[list[str], np.ndarray]:
+    """Header names and a float64 table; non-numeric or missing cells are reported with their position."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise ValueError(f"{path} needs a header row and at least one data row.")
+    names = [n.strip() for n in rows[0]]
+    table = np.empty((len(rows) - 1, len(names)))
+    for i, row in enumerate(rows[1:], start=2):
+        if len(row) != len(names):
+            raise ValueError(f"{path}, line {i}: {len(row)} cells, but the header has {len(names)}.")
+        for j, cell in enumerate(row):
+            try:
+                table[i - 2, j] = float(cell)
+            except ValueError:
+                raise ValueError(f"{path}, line {i}, column {names[j]!r}: {cell!r} is not a number.") from None
+    return names, table
+
+
+def _parse_options(pairs: list[str]) -> dict:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option takes KEY=VALUE, got {pair!r}.")
+        options[key.strip().replace("-", "_")] = _literal(value.strip())
+    return options
+
+
+def _literal(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""Benchmark data: loaders for the npz layout of the data folder, split protocols, standardisation,
+generated data sets and the UCI download.
+
+The data folder (``data_dir=`` / ``--data-dir``, else ``$GPSCALE_DATA``) holds
+
+=====================  ==========================================  ======================================
+file                   arrays                                      splits
+=====================  ==========================================  ======================================
+uci/<name>.npz         X [n, d], y [n], test_fold [n]              10 fixed folds: test = test_fold == k
+uci_pbp/<name>.npz     X [n, d], y [n], train_idx/test_idx [S, .]  S fixed splits (rows of the index arrays)
+pmlb/<id>_<name>.npz   X [n, d], y [n]                             seeded random 90/10
+md/rmd17_<mol>.npz     R [n, A, 3], E [n], train_idx/test_idx      5 fixed splits; X = R flattened [n, 3A]
+geo/etopo2022_...npz   lat, lon (degrees), elev_mean [n]           seeded random 90/10; X = unit vectors
+images/mnist5k.npz     images [n, 28, 28] uint8, labels [n]        seeded random 90/10; X = pixels / 255
+=====================  ==========================================  ======================================
+
+Names: a UCI name (``pol``), a PMLB file name with or without its number (``564_fried`` or ``fried``),
+``rmd17_aspirin`` or ``aspirin``, ``etopo`` / ``elevation``, ``mnist5k``, or ``<folder>/<file stem>`` for any
+file (``uci_pbp/boston``). ``friedman1`` and ``gp_sample`` are generated and need no data folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import tempfile
+import urllib.request
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+UCI_BASE_URL = "https://raw.githubusercontent.com/treforevans/uci_datasets/master/uci_datasets"
+
+# (n, d) of every set in the upstream UCI collection (treforevans/uci_datasets), for listings and error hints.
+UCI_SIZES = {
+    "3droad": (434874, 3), "airfoil": (1503, 5), "autompg": (392, 7), "autos": (159, 25), "bike": (17379, 17),
+    "breastcancer": (194, 33), "buzz": (583250, 77), "challenger": (23, 4), "concrete": (1030, 8),
+    "concreteslump": (103, 7), "elevators": (16599, 18), "energy": (768, 8), "fertility": (100, 9),
+    "forest": (517, 12), "gas": (2565, 128), "houseelectric": (2049280, 11), "housing": (506, 13),
+    "keggdirected": (48827, 20), "keggundirected": (63608, 27), "kin40k": (40000, 8), "machine": (209, 7),
+    "parkinsons": (5875, 20), "pendulum": (630, 9), "pol": (15000, 26), "protein": (45730, 9),
+    "pumadyn32nm": (8192, 32), "servo": (167, 4), "skillcraft": (3338, 19), "slice": (53500, 385),
+    "sml": (4137, 26), "solar": (1066, 10), "song": (515345, 90), "stock": (536, 11),
+    "tamielectric": (45781, 3), "wine": (1599, 11), "yacht": (308, 6),
+}
+UCI_N_SPLITS = 10
+KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
+GENERATED = {"friedman1": 10, "gp_sample": 2}  # name -> d
+DEFAULT_N_GENERATED = 40_000
+# Short names of single files; the first name of each file is the one listed.
+_ALIASES = {"etopo": "geo/etopo2022_healpix128", "elevation": "geo/etopo2022_healpix128", "mnist5k": "images/mnist5k"}
+_UNSTANDARDISED_X = ("geo", "images")  # inputs already on a natural scale (unit vectors, pixel intensities)
+
+
+@dataclass
+class Dataset:
+    """A train/test split, standardised with training statistics.
+
+    ``X_train`` [n, d], ``y_train`` [n], ``X_test`` [n*, d], ``y_test`` [n*] are float64 and standardised:
+    X = (X_raw - x_mean) / x_std and y = (y_raw - y_mean) / y_std, with ``x_mean``, ``x_std`` [d] and the scalars
+    ``y_mean``, ``y_std`` computed on the training rows only (a zero std is replaced by 1, so constant columns
+    become 0). Multiply an RMSE by ``y_std`` to report it in original units. ``source`` is the file read, or
+    ``"generated"``.
+    """
+
+    name: str
+    X_train: np.ndarray = field(repr=False)
+    y_train: np.ndarray = field(repr=False)
+    X_test: np.ndarray = field(repr=False)
+    y_test: np.ndarray = field(repr=False)
+    x_mean: np.ndarray = field(repr=False)
+    x_std: np.ndarray = field(repr=False)
+    y_mean: float
+    y_std: float
+    split: int
+    source: str
+
+    @property
+    def n_train(self) -> int:
+        return self.X_train.shape[0]
+
+    @property
+    def n_test(self) -> int:
+        return self.X_test.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.X_train.shape[1]
+
+
+def standardize(X_train, X_test):
+    """Centre and scale both sets with the training set's per-column mean and std.
+
+    Args:
+        X_train: [n, d] (or [n] for targets); X_test: [n*, d] (or [n*]).
+    Returns:
+        (X_train_std, X_test_std, mean, std) with mean, std of shape [d] (or scalars for 1-D input);
+        columns with zero std get std = 1, so they become 0 rather than NaN.
+    """
+    X_train = np.asarray(X_train, dtype=np.float64)
+    X_test = np.asarray(X_test, dtype=np.float64)
+    mean = X_train.mean(axis=0)
+    std = X_train.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return (X_train - mean) / std, (X_test - mean) / std, mean, std
+
+
+def data_dir(explicit=None) -> Path | None:
+    """The data folder: ``explicit`` if given, else ``$GPSCALE_DATA`` if set, else None."""
+    if explicit is not None:
+        return Path(explicit)
+    env = os.environ.get("GPSCALE_DATA")
+    return Path(env) if env else None
+
+
+_data_dir = data_dir  # load_dataset and list_datasets take a keyword of the same name
+
+
+# ----------------------------------------------------------------------------------------------------- generated
+
+
+def make_friedman1(n: int, rng=None, noise_std: float = 1.0):
+    """Friedman #1: x ~ U[0, 1]^10, y = 10 sin(pi x1 x2) + 20 (x3 - 0.5)^2 + 10 x4 + 5 x5 + noise_std * eps.
+
+    ``rng``: a numpy Generator or seed. Returns (X [n, 10], y [n]); x6..x10 are irrelevant inputs.
+    """
+    rng = np.random.default_rng(rng)
+    X = rng.uniform(size=(n, 10))
+    f = 10 * np.sin(np.pi * X[:, 0] * X[:, 1]) + 20 * (X[:, 2] - 0.5) ** 2 + 10 * X[:, 3] + 5 * X[:, 4]
+    return X, f + noise_std * rng.standard_normal(n)
+
+
+def make_gp_sample(n: int, rng=None, d: int = 2, lengthscale: float = 0.3, noise_std: float = 0.1,
+                   n_features: int = 2000, chunk: int = 8192):
+    """A draw from a zero-mean GP with unit-variance RBF kernel k(x, x') = exp(-|x - x'|^2 / (2 l^2)) on
+    x ~ U[0, 1]^d, plus Gaussian noise.
+
+    The draw uses F = ``n_features`` random Fourier features, f(x) = sqrt(2 / F) sum_j w_j cos(omega_j.x + b_j)
+    with omega_j ~ N(0, I / l^2), b_j ~ U[0, 2 pi], w_j ~ N(0, 1), whose covariance tends to k as F grows;
+    cost O(n F d), memory O(chunk F). Returns (X [n, d], y [n]).
+    """
+    rng = np.random.default_rng(rng)
+    X = rng.uniform(size=(n, d))
+    omega = rng.standard_normal((d, n_features)) / lengthscale  # [d, F]
+    b = rng.uniform(0, 2 * np.pi, n_features)  # [F]
+    w = rng.standard_normal(n_features) * np.sqrt(2 / n_features)  # [F]
+    f = np.concatenate([np.cos(X[i:i + chunk] @ omega + b) @ w for i in range(0, n, chunk)])
+    return X, f + noise_std * rng.standard_normal(n)
+
+
+_GENERATORS = {"friedman1": make_friedman1, "gp_sample": make_gp_sample}
+
+
+# ------------------------------------------------------------------------------------------------------ loading
+
+
+def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_fraction: float = 0.1,
+                 max_train: int | None = None, n: int | None = None) -> Dataset:
+    """Load one train/test split of a data set, standardised with training statistics.
+
+    Args:
+        name: see the module docstring (``pol``, ``fried``, ``aspirin``, ``etopo``, ``friedman1``, ...).
+        split: fixed split index (UCI 0..9, rMD17 0..4), else the seed of a random split (any int >= 0).
+        data_dir: data folder; default ``$GPSCALE_DATA``. Not needed for generated sets.
+        seed: with ``split``, seeds random splits, generated data and the ``max_train`` subset.
+        test_fraction: test share of random splits (ignored by fixed splits).
+        max_train: keep a random subset of this many training points (quick runs); statistics use the subset.
+        n: number of points of a generated set (default 40,000).
+    Raises:
+        FileNotFoundError: no data folder or no file for ``name`` (the message says where it looked).
+        ValueError: bad split, or non-finite values in the file.
+    """
+    if not (isinstance(split, (int, np.integer)) and split >= 0):
+        raise ValueError(f"split must be an int >= 0, got {split!r}.")
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}.")
+    if max_train is not None and max_train < 1:
+        raise ValueError(f"max_train must be >= 1 or None, got {max_train}.")
+    if n is not None and name not in _GENERATORS:
+        raise ValueError(f"n= sets the size of a generated set ({sorted(_GENERATORS)}), not of {name!r}; "
+                         "use max_train= to subsample.")
+    rng = np.random.default_rng([seed, split])
+    if name in _GENERATORS:
+        X, y = _GENERATORS[name](DEFAULT_N_GENERATED if n is None else n, rng)
+        kind, source = "generated", "generated"
+        train, test = _random_split(len(y), test_fraction, rng)
+    else:
+        kind, path = _locate(name, _data_dir(data_dir))
+        name, source = _canonical_name(kind, path), str(path)
+        with np.load(path) as z:
+            X, y = _features(kind, z)
+            if not (np.isfinite(X).all() and np.isfinite(y).all()):
+                raise ValueError(f"{path} contains non-finite values; re-create or re-download the file.")
+            if kind in ("uci", "uci_pbp", "md"):
+                train, test = _fixed_split(kind, z, split)
+            else:
+                train, test = _random_split(len(y), test_fraction, rng)
+    X_train, y_train, X_test, y_test = X[train], y[train], X[test], y[test]
+    if max_train is not None and max_train < len(y_train):
+        keep = np.random.default_rng([seed, split, 1]).choice(len(y_train), max_train, replace=False)
+        X_train, y_train = X_train[keep], y_train[keep]
+    if kind in _UNSTANDARDISED_X:
+        x_mean, x_std = np.zeros(X.shape[1]), np.ones(X.shape[1])
+    else:
+        X_train, X_test, x_mean, x_std = standardize(X_train, X_test)
+    y_train, y_test, y_mean, y_std = standardize(y_train, y_test)
+    return Dataset(name, X_train, y_train, X_test, y_test, x_mean, x_std, float(y_mean), float(y_std),
+                   int(split), source)
+
+
+def _locate(name: str, root: Path | None) -> tuple[str, Path]:
+    """Map a data-set name to (kind, path of its npz file), or raise FileNotFoundError saying where it looked."""
+    if root is None:
+        raise FileNotFoundError(f"data set {name!r} needs a data folder and none is set: "
+                                + _how_to_fix(name))
+    if not root.is_dir():
+        raise FileNotFoundError(f"data folder {root} does not exist (looked for data set {name!r}): "
+                                + _how_to_fix(name))
+    name = _ALIASES.get(name, name)
+    if "/" in name:
+        kind, stem = name.split("/", 1)
+        if kind not in KINDS:
+            raise ValueError(f"unknown data folder {kind!r} in {name!r}; expected one of {KINDS}.")
+        candidates = [(kind, root / kind / f"{stem}.npz")]
+    else:
+        mol = name.removeprefix("rmd17_")
+        candidates = [("uci", root / "uci" / f"{name}.npz"), ("md", root / "md" / f"rmd17_{mol}.npz"),
+                      ("pmlb", root / "pmlb" / f"{name}.npz"), ("pmlb", _pmlb_short_name(root, name))]
+    for kind, path in candidates:
+        if path.is_file():
+            return kind, path
+    looked = ", ".join(str(path) for _, path in candidates)
+    raise FileNotFoundError(f"no file for data set {name!r}; looked for {looked}. " + _how_to_fix(name))
+
+
+def _pmlb_short_name(root: Path, name: str) -> Path:
+    """The PMLB file ``<id>_<name>.npz``; a placeholder path naming the pattern when there is none."""
+    pattern = rf"\d+_{re.escape(name)}"
+    matches = sorted(p for p in (root / "pmlb").glob(f"*_{name}.npz") if re.fullmatch(pattern, p.stem))
+    if len(matches) > 1:
+        raise ValueError(f"{name!r} matches several PMLB files {[p.stem for p in matches]}; use the full name.")
+    return matches[0] if matches else root / "pmlb" / f"<id>_{name}.npz"
+
+
+def _how_to_fix(name: str) -> str:
+    hint = ("pass data_dir= (CLI: --data-dir) or set GPSCALE_DATA to the folder holding uci/, pmlb/, md/, ...; "
+            "gpscale.data.list_datasets() shows what is there.")
+    if name in UCI_SIZES:
+        hint += f" UCI sets can be fetched with `gpscale data download {name}` (writes <data folder>/uci/{name}.npz)."
+    return hint
+
+
+def _canonical_name(kind: str, path: Path) -> str:
+    """The name list_datasets shows for a file: its stem for uci/pmlb/md, else an alias or ``<folder>/<stem>``."""
+    if kind in ("uci", "pmlb", "md"):
+        return path.stem
+    key = f"{kind}/{path.stem}"
+    return next((alias for alias, target in _ALIASES.items() if target == key), key)
+
+
+def _features(kind: str, z) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs X [n, d] and targets y [n] (float64) of one loaded npz file."""
+    if kind == "md":
+        R = z["R"]
+        return R.reshape(R.shape[0], -1).astype(np.float64), z["E"].astype(np.float64)
+    if kind == "geo":
+        lat, lon = np.deg2rad(z["lat"].astype(np.float64)), np.deg2rad(z["lon"].astype(np.float64))
+        X = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
+        return X, z["elev_mean"].astype(np.float64)
+    if kind == "images":
+        images = z["images"]
+        return images.reshape(images.shape[0], -1) / 255.0, z["labels"].astype(np.float64)
+    return z["X"].astype(np.float64), z["y"].astype(np.float64)
+
+
+def _fixed_split(kind: str, z, split: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) row selections of fixed split ``split``: UCI test folds, or train_idx/test_idx rows."""
+    n_splits = UCI_N_SPLITS if kind == "uci" else z["train_idx"].shape[0]
+    if split >= n_splits:
+        raise ValueError(f"split must be in 0..{n_splits - 1} for this {kind} data set, got {split}.")
+    if kind == "uci":
+        test = z["test_fold"] == split
+        return ~test, test
+    return z["train_idx"][split], z["test_idx"][split]
+
+
+def _random_split(n: int, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices of a random permutation, with round(test_fraction * n) >= 1 test points."""
+    perm = rng.permutation(n)
+    n_test = max(1, round(test_fraction * n))
+    return perm[n_test:], perm[:n_test]
+
+
+# ------------------------------------------------------------------------------------------------------ listing
+
+
+def list_datasets(data_dir=None) -> list[dict]:
+    """Every data set in the data folder, every upstream UCI set (``available=False`` until downloaded) and
+    the generated sets, as dicts {name, kind, n, d, splits, available}.
+
+    ``splits`` is the number of fixed splits, or None for seeded random splits (any split >= 0).
+    Shapes are read from the npz headers, without loading the arrays.
+    """
+    root = _data_dir(data_dir)
+    entries = []
+    for kind in (KINDS if root is not None else ()):
+        for path in sorted((root / kind).glob("*.npz")):
+            entries.append({"name": _canonical_name(kind, path), "kind": kind, **_file_info(kind, path),
+                            "available": True})
+    present = {e["name"] for e in entries if e["kind"] == "uci"}
+    entries += [{"name": name, "kind": "uci", "n": n, "d": d, "splits": UCI_N_SPLITS, "available": False}
+                for name, (n, d) in UCI_SIZES.items() if name not in present]
+    entries += [{"name": name, "kind": "generated", "n": DEFAULT_N_GENERATED, "d": d, "splits": None,
+                 "available": True} for name, d in GENERATED.items()]
+    return entries
+
+
+def _file_info(kind: str, path: Path) -> dict:
+    """n, d and splits of one file, from its array headers."""
+    shapes = _npz_shapes(path)
+    if kind == "md":
+        n, atoms, _ = shapes["R"]
+        return {"n": n, "d": 3 * atoms, "splits": shapes["train_idx"][0]}
+    if kind == "geo":
+        return {"n": shapes["lat"][0], "d": 3, "splits": None}
+    if kind == "images":
+        n, *pixels = shapes["images"]
+        return {"n": n, "d": int(np.prod(pixels)), "splits": None}
+    n, d = shapes["X"]
+    splits = UCI_N_SPLITS if kind == "uci" else shapes["train_idx"][0] if kind == "uci_pbp" else None
+    return {"n": n, "d": d, "splits": splits}
+
+
+def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{array name: shape} of an npz file, read from the .npy headers only."""
+    shapes = {}
+    with zipfile.ZipFile(path) as zf:
+        for member in zf.namelist():
+            with zf.open(member) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shapes[member.removesuffix(".npy")] = read_header(f)[0]
+    return shapes
+
+
+# ----------------------------------------------------------------------------------------------------- download
+
+
+def download_uci(name: str, dest_dir, base_url: str = UCI_BASE_URL, timeout: float = 60) -> Path:
+    """Fetch a UCI set from treforevans/uci_datasets and write ``dest_dir/uci/<name>.npz``.
+
+    Upstream files: ``<base_url>/<name>/data.csv.gz`` (no header; numeric columns, the last one is y) and
+    ``<base_url>/<name>/test_mask.csv.gz`` ([n, 10] of 0/1 or True/False; column k marks split k's test rows).
+    Writes X float32 [n, d], y float32 [n], test_fold int8 [n] (the one split each row is a test row of),
+    atomically. Returns the path written.
+
+    Raises:
+        RuntimeError: the download failed or the content is malformed (the message names the URL).
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise ValueError(f"invalid UCI data-set name {name!r}; known names: {sorted(UCI_SIZES)}.")
+    data_url, mask_url = (f"{base_url.rstrip('/')}/{name}/{file}" for file in ("data.csv.gz", "test_mask.csv.gz"))
+    data = _parse_csv(_fetch_gz(data_url, timeout), data_url, np.float64)
+    mask = _parse_bool(_parse_csv(_fetch_gz(mask_url, timeout), mask_url, str), mask_url)
+    if data.shape[1] < 2 or not np.isfinite(data).all():
+        raise RuntimeError(f"{data_url}: expected finite numeric columns (features then target), got shape "
+                           f"{data.shape}.")
+    if mask.shape != (data.shape[0], UCI_N_SPLITS):
+        raise RuntimeError(f"{mask_url}: expected a test mask of shape {(data.shape[0], UCI_N_SPLITS)}, "
+                           f"got {mask.shape}.")
+    if not (mask.sum(axis=1) == 1).all():
+        raise RuntimeError(f"{mask_url}: every row must be a test row of exactly one split; "
+                           f"{int((mask.sum(axis=1) != 1).sum())} rows are not.")
+    dest = Path(dest_dir) / "uci" / f"{name}.npz"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".npz.tmp", delete=False) as tmp:
+        try:
+            np.savez_compressed(tmp, X=data[:, :-1].astype(np.float32), y=data[:, -1].astype(np.float32),
+                                test_fold=mask.argmax(axis=1).astype(np.int8))
+        except BaseException:
+            Path(tmp.name).unlink()
+            raise
+    os.replace(tmp.name, dest)
+    return dest
+
+
+def _fetch_gz(url: str, timeout: float) -> str:
+    """Download a gzip file and return its text."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            raw = response.read()
+    except OSError as err:  # HTTPError, URLError and timeouts are all OSErrors
+        raise RuntimeError(f"could not download {url}: {err}. Check the name and your connection, or pass "
+                           "another base_url.") from err
+    try:
+        return gzip.decompress(raw).decode("ascii")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise RuntimeError(f"{url} is not a gzip-compressed text file: {err}.") from err
+
+
+def _parse_csv(text: str, url: str, dtype) -> np.ndarray:
+    """A comma-separated table without header as a 2-D array of ``dtype``."""
+    try:
+        table = np.loadtxt(io.StringIO(text), delimiter=",", dtype=dtype, ndmin=2)
+    except ValueError as err:
+        raise RuntimeError(f"{url}: malformed CSV ({err}).") from err
+    if table.shape[0] == 0:
+        raise RuntimeError(f"{url}: the table is empty.")
+    return table
+
+
+def _parse_bool(cells: np.ndarray, url: str) -> np.ndarray:
+    """Cells 1/0 or True/False (any case) as a bool array."""
+    cells = np.char.lower(np.char.strip(cells))
+    true, false = np.isin(cells, ("1", "1.0", "true")), np.isin(cells, ("0", "0.0", "false"))
+    if not (true | false).all():
+        raise RuntimeError(f"{url}: test-mask cells must be 0/1 or True/False, got e.g. {cells[~(true | false)][0]!r}.")
+    return true

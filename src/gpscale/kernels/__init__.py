@@ -1,0 +1,5 @@
+"""Covariance functions."""
+from .gpytorch_adapter import GPyTorchKernel
+from .stationary import RBF, Kernel, Matern, Stationary, inverse_softplus, make_kernel
+
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "GPyTorchKernel", "inverse_softplus", "make_kernel"]

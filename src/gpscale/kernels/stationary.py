@@ -1,0 +1,119 @@
+"""Stationary kernels: RBF and Matérn 1/2, 3/2, 5/2 with an outputscale and a shared or ARD lengthscale.
+
+Notation: ``k(x, x') = s^2 g(r)``, ``r = ||(x - x') / l||`` with lengthscale(s) ``l`` and outputscale ``s^2``.
+Positive hyperparameters are stored unconstrained and mapped through softplus.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.functional import softplus
+
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "inverse_softplus", "make_kernel"]
+
+
+def inverse_softplus(x: Tensor | float) -> Tensor:
+    """The unconstrained value whose softplus is ``x`` (> 0)."""
+    x = torch.as_tensor(x, dtype=torch.get_default_dtype() if not torch.is_tensor(x) else x.dtype)
+    return x + torch.log(-torch.expm1(-x))
+
+
+class Kernel(nn.Module):
+    """A covariance function. Subclasses implement ``forward(X1, X2) -> K [n1, n2]`` and ``diag(X) -> [n]``."""
+
+    def forward(self, X1: Tensor, X2: Tensor) -> Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Stationary(Kernel):
+    """Shared machinery of kernels that depend on the scaled distance ``r`` only.
+
+    Args:
+        n_features: input dimension d.
+        ard: one lengthscale per dimension (True) or one shared (False).
+        lengthscale: initial lengthscale(s).
+        outputscale: initial outputscale s^2.
+    """
+
+    def __init__(self, n_features: int, ard: bool = True, lengthscale: float = 1.0, outputscale: float = 1.0):
+        super().__init__()
+        self.n_features = int(n_features)
+        self.ard = bool(ard)
+        n_ls = self.n_features if self.ard else 1
+        self.raw_lengthscale = nn.Parameter(inverse_softplus(torch.full((n_ls,), float(lengthscale))))
+        self.raw_outputscale = nn.Parameter(inverse_softplus(torch.tensor(float(outputscale))))
+
+    @property
+    def lengthscale(self) -> Tensor:
+        """[d] if ARD else [1]."""
+        return softplus(self.raw_lengthscale)
+
+    @property
+    def outputscale(self) -> Tensor:
+        return softplus(self.raw_outputscale)
+
+    def scaled_sq_dist(self, X1: Tensor, X2: Tensor) -> Tensor:
+        """``||(x - x')/l||^2`` [n1, n2], by the Gram expansion (one matmul), clamped at 0 against round-off."""
+        ls = self.lengthscale.to(X1.dtype)
+        A, B = X1 / ls, X2 / ls
+        sq = (A * A).sum(-1, keepdim=True) - 2.0 * A @ B.transpose(-2, -1) + (B * B).sum(-1).unsqueeze(-2)
+        return sq.clamp_min_(0.0)
+
+    def profile(self, sq_dist: Tensor) -> Tensor:  # pragma: no cover - interface
+        """``g`` as a function of the squared scaled distance, with ``g(0) = 1``."""
+        raise NotImplementedError
+
+    def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
+        return self.outputscale.to(X1.dtype) * self.profile(self.scaled_sq_dist(X1, X2))
+
+    def diag(self, X: Tensor) -> Tensor:
+        return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
+
+
+class RBF(Stationary):
+    """Squared exponential: ``g(r) = exp(-r^2 / 2)``."""
+
+    def profile(self, sq_dist: Tensor) -> Tensor:
+        return torch.exp(-0.5 * sq_dist)
+
+
+class Matern(Stationary):
+    """Matérn with smoothness ``nu`` in {1/2, 3/2, 5/2}; ``z = sqrt(2 nu) r``:
+
+    - nu = 1/2: ``g = exp(-z)``
+    - nu = 3/2: ``g = (1 + z) exp(-z)``
+    - nu = 5/2: ``g = (1 + z + z^2 / 3) exp(-z)``
+    """
+
+    def __init__(self, n_features: int, nu: float = 2.5, **kwargs):
+        if nu not in (0.5, 1.5, 2.5):
+            raise ValueError(f"Matern nu must be 0.5, 1.5 or 2.5, got {nu}.")
+        super().__init__(n_features, **kwargs)
+        self.nu = float(nu)
+
+    def profile(self, sq_dist: Tensor) -> Tensor:
+        # sqrt has an infinite derivative at 0; the floor keeps gradients finite on the diagonal
+        z = math.sqrt(2.0 * self.nu) * sq_dist.clamp_min(1e-30).sqrt()
+        if self.nu == 0.5:
+            poly = 1.0
+        elif self.nu == 1.5:
+            poly = 1.0 + z
+        else:
+            poly = 1.0 + z + z * z / 3.0
+        return poly * torch.exp(-z)
+
+
+def make_kernel(name: str, n_features: int, **kwargs) -> Kernel:
+    """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52``."""
+    name = name.lower()
+    if name == "rbf":
+        return RBF(n_features, **kwargs)
+    nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+    if name in nus:
+        return Matern(n_features, nu=nus[name], **kwargs)
+    raise ValueError(f"Unknown kernel {name!r}; choose one of 'rbf', 'matern12', 'matern32', 'matern52'.")

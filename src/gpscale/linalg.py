@@ -1,0 +1,137 @@
+"""Dense linear algebra with the numerics every method shares.
+
+Every Cholesky in gpscale goes through :func:`cholesky`: it adds escalating jitter, warns when it had to, and
+raises :class:`NotPSDError` with a remedy instead of returning NaN. Least squares goes through QR
+(:func:`qr_lstsq`), and tall matrices that arrive in row chunks are factored by :class:`StreamingQR` (TSQR),
+which gives the same R as one QR of the stacked rows while holding only one chunk in memory.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "NotPSDError",
+    "NumericalWarning",
+    "cholesky",
+    "solve_lower",
+    "solve_upper",
+    "cho_solve",
+    "logdet_from_cholesky",
+    "qr_r",
+    "qr_lstsq",
+    "StreamingQR",
+]
+
+
+class NotPSDError(RuntimeError):
+    """A matrix that should be positive definite is not, even after adding jitter."""
+
+
+class NumericalWarning(RuntimeWarning):
+    """Numerical trouble that gpscale repaired (e.g. jitter added), which the user may want to know about."""
+
+
+def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str = "matrix") -> Tensor:
+    """Lower Cholesky factor L of a symmetric positive definite ``A`` [..., m, m], with ``L L^T = A``.
+
+    If the factorisation fails, ``jitter * mean(diag(A)) * 10**i`` is added to the diagonal for
+    ``i = 0 .. max_tries - 1`` and a :class:`NumericalWarning` says how much was needed. If every try fails,
+    :class:`NotPSDError` explains what to change. NaN or inf input raises at once: no jitter repairs it.
+    """
+    if not torch.isfinite(A).all():
+        bad = (~torch.isfinite(A)).sum().item()
+        raise NotPSDError(
+            f"The {what} ({tuple(A.shape)}) has {bad} NaN/inf entries, so it has no Cholesky factor. This usually "
+            "means the training diverged: lower the learning rate, or use dtype='float64'."
+        )
+    L, info = torch.linalg.cholesky_ex(A)
+    if not info.any():
+        return L
+    scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    for i in range(max_tries):
+        added = jitter * scale * 10**i
+        L, info = torch.linalg.cholesky_ex(A + added.unsqueeze(-1) * eye)
+        if not info.any():
+            warnings.warn(
+                f"The {what} ({tuple(A.shape)}) was not positive definite; added jitter of "
+                f"{jitter * 10**i:.1e} x its mean diagonal.",
+                NumericalWarning,
+                stacklevel=2,
+            )
+            return L
+    raise NotPSDError(
+        f"The {what} ({tuple(A.shape)}) is not positive definite, even after adding jitter up to "
+        f"{jitter * 10 ** (max_tries - 1):.1e} x its mean diagonal. Try a larger noise floor, fewer inducing "
+        "points (or inducing points further apart), or dtype='float64'."
+    )
+
+
+def solve_lower(L: Tensor, B: Tensor) -> Tensor:
+    """``L^{-1} B`` for lower-triangular ``L`` [m, m] and ``B`` [m, k]."""
+    return torch.linalg.solve_triangular(L, B, upper=False)
+
+
+def solve_upper(U: Tensor, B: Tensor) -> Tensor:
+    """``U^{-1} B`` for upper-triangular ``U`` [m, m] and ``B`` [m, k]."""
+    return torch.linalg.solve_triangular(U, B, upper=True)
+
+
+def cho_solve(L: Tensor, B: Tensor) -> Tensor:
+    """``A^{-1} B`` where ``A = L L^T``; ``B`` [m, k]."""
+    return torch.cholesky_solve(B, L, upper=False)
+
+
+def logdet_from_cholesky(L: Tensor) -> Tensor:
+    """``log |A|`` from the Cholesky factor of ``A`` (any triangular factor with ``|A| = prod(diag)^2``)."""
+    return 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
+
+
+def qr_r(A: Tensor) -> Tensor:
+    """The R factor [k, k] of the reduced QR of ``A`` [n, k] (n >= k), with a non-negative diagonal.
+
+    Fixing the signs makes R unique, so a streamed factorisation can be compared with a one-shot one.
+    """
+    R = torch.linalg.qr(A, mode="reduced" if A.requires_grad else "r").R
+    signs = torch.where(R.diagonal() < 0, -1.0, 1.0).to(R.dtype)
+    return signs.unsqueeze(-1) * R
+
+
+def qr_lstsq(A: Tensor, b: Tensor) -> Tensor:
+    """Least-squares solution of ``min ||A x - b||`` for ``A`` [n, k] of full column rank, by QR.
+
+    QR works on A itself, never on the normal matrix A^T A, whose condition number is the square of A's.
+    """
+    Q, R = torch.linalg.qr(A, mode="reduced")
+    return solve_upper(R, Q.transpose(-2, -1) @ b)
+
+
+class StreamingQR:
+    """Tall-skinny QR over row chunks (TSQR): the R of ``[A_1; A_2; ...]`` from one chunk at a time.
+
+    Each :meth:`update` stacks the current R on the new rows and re-factors, so memory is
+    O((chunk + k) k) however many rows pass. ``R`` has a non-negative diagonal, so it equals the R of one QR
+    of the stacked matrix (:func:`qr_r`). For least squares, append the right-hand side as extra columns:
+    the R of ``[A, b]`` holds ``R_A``, ``Q^T b`` and the residual norm as its blocks.
+    """
+
+    def __init__(self) -> None:
+        self.R: Tensor | None = None  # [k, k]
+
+    def update(self, A: Tensor) -> None:
+        """Absorb rows ``A`` [c, k]."""
+        self.R = qr_r(A if self.R is None else torch.cat([self.R, A], dim=0))
+
+    @classmethod
+    def of_chunks(cls, chunks: Iterable[Tensor]) -> Tensor:
+        """R of the row-stacked ``chunks``."""
+        qr = cls()
+        for chunk in chunks:
+            qr.update(chunk)
+        if qr.R is None:
+            raise ValueError("StreamingQR.of_chunks() needs at least one chunk.")
+        return qr.R

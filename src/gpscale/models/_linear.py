@@ -1,0 +1,152 @@
+"""Engine for every method that is a Bayesian linear model in a feature space.
+
+A method supplies features ``phi(x)`` in R^r with ``f(x) = phi(x)^T w``, ``w ~ N(0, I)``, and observations
+``y = f + eps``, ``eps ~ N(0, sigma^2)``. Everything then follows from the sufficient statistics
+
+    A = sum_i phi_i phi_i^T  [r, r],   b = sum_i phi_i y_i  [r],   yy = sum_i y_i^2,   n,
+
+accumulated over row chunks (memory O(chunk x r), never n x n) and summed across processes by ``comm``.
+With ``B = I + A / sigma^2 = L_B L_B^T`` and ``c = L_B^{-1} b / sigma^2``:
+
+    log p(y) = -n/2 log(2 pi sigma^2) - log|L_B| - 1/2 (yy / sigma^2 - c^T c)
+    w | y ~ N(L_B^{-T} c, B^{-1}).
+
+The stable path (:func:`collapse_qr`) never forms A: it takes the TSQR of ``[Phi / sigma, y / sigma; I, 0]``,
+whose R factor holds ``L_B^T``, ``c`` and the residual, so small noise does not square the condition number.
+Small cores (r x r) are float64 always; features are computed in the model's dtype.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed import LOCAL, Comm
+from ..linalg import StreamingQR, cholesky, logdet_from_cholesky, solve_lower
+
+__all__ = ["Statistics", "Collapsed", "accumulate", "collapse_cholesky", "collapse_qr", "log_evidence",
+           "predict_linear"]
+
+CORE = torch.float64
+
+FeatureMap = Callable[[Tensor], Tensor]  # X [c, d] -> Phi [c, r]
+
+
+@dataclass
+class Statistics:
+    """Sufficient statistics of a Bayesian linear model over n rows (all float64)."""
+
+    A: Tensor  # [r, r], Phi^T Phi
+    b: Tensor  # [r], Phi^T y
+    yy: Tensor  # [], y^T y
+    n: int
+    prior_trace: Tensor  # [], sum_i k(x_i, x_i) when the method supplies it (SGPR's trace term), else 0
+
+
+@dataclass
+class Collapsed:
+    """The posterior of w in factored form."""
+
+    L_B: Tensor  # [r, r] lower, L_B L_B^T = I + Phi^T Phi / sigma^2
+    c: Tensor  # [r], L_B^{-1} Phi^T y / sigma^2
+    quad: Tensor  # [], y^T (Phi Phi^T + sigma^2 I)^{-1} y = yy / sigma^2 - c^T c
+    n: int
+    feature_trace: Tensor  # [], tr(Phi^T Phi) = sum_i ||phi_i||^2
+    prior_trace: Tensor  # [], sum_i k(x_i, x_i) when the method supplies it, else 0
+
+    @property
+    def weight_mean(self) -> Tensor:
+        """E[w | y] = L_B^{-T} c, [r]."""
+        return torch.linalg.solve_triangular(self.L_B.T, self.c.unsqueeze(-1), upper=True).squeeze(-1)
+
+
+def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
+    Phi = features(Xc)  # [c, r]
+    A = (Phi.T @ Phi).to(CORE)
+    b = (Phi.T @ yc).to(CORE)
+    trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE)
+    return A, b, trace
+
+
+def accumulate(
+    features: FeatureMap,
+    X: Tensor,
+    y: Tensor,
+    *,
+    chunk_size: int,
+    prior_diag: FeatureMap | None = None,
+    comm: Comm = LOCAL,
+) -> Statistics:
+    """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows.
+
+    When gradients are on and there is more than one chunk, each chunk is checkpointed: its features are
+    recomputed in the backward pass instead of stored, so the memory of a gradient step stays O(chunk x r).
+    """
+    chunks = list(zip(X.split(chunk_size), y.split(chunk_size)))
+    recompute = torch.is_grad_enabled() and len(chunks) > 1
+    A = b = trace = None
+    for Xc, yc in chunks:
+        if recompute:
+            parts = checkpoint(_chunk_statistics, features, prior_diag, Xc, yc, use_reentrant=False)
+        else:
+            parts = _chunk_statistics(features, prior_diag, Xc, yc)
+        A, b, trace = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2])
+    yy = (y.to(CORE) ** 2).sum()
+    A, b, yy, trace = (comm.all_reduce_sum(t) for t in (A, b, yy, trace))
+    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    return Statistics(A=A, b=b, yy=yy, n=n, prior_trace=trace)
+
+
+def collapse_cholesky(stats: Statistics, noise: Tensor) -> Collapsed:
+    """Posterior from the statistics by Cholesky of ``B = I + A / sigma^2`` (fast; fine unless sigma^2 is tiny)."""
+    s2 = noise.to(CORE)
+    r = stats.A.shape[0]
+    B = torch.eye(r, dtype=CORE, device=stats.A.device) + stats.A / s2
+    L_B = cholesky(B, what="posterior precision I + Phi^T Phi / sigma^2")
+    c = solve_lower(L_B, stats.b.unsqueeze(-1)).squeeze(-1) / s2
+    return Collapsed(L_B=L_B, c=c, quad=stats.yy / s2 - c @ c, n=stats.n,
+                     feature_trace=stats.A.diagonal().sum(), prior_trace=stats.prior_trace)
+
+
+def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, chunk_size: int,
+                prior_diag: FeatureMap | None = None, comm: Comm = LOCAL) -> Collapsed:
+    """Posterior by streamed QR of ``[Phi / sigma, y / sigma; I, 0]``: stable for any noise level.
+
+    The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``.
+    """
+    if comm.world_size > 1:  # pragma: no cover - the distributed issue adds the cross-process TSQR reduction
+        raise NotImplementedError("solver='qr' runs in one process; use solver='cholesky' under torchrun.")
+    sigma = noise.to(CORE).sqrt()
+    qr = StreamingQR()
+    feature_trace = prior_trace = torch.zeros((), dtype=CORE, device=X.device)
+    for Xc, yc in zip(X.split(chunk_size), y.split(chunk_size)):
+        Phi = features(Xc).to(CORE)
+        feature_trace = feature_trace + (Phi**2).sum()
+        if prior_diag is not None:
+            prior_trace = prior_trace + prior_diag(Xc).sum().to(CORE)
+        qr.update(torch.cat([Phi, yc.to(CORE).unsqueeze(-1)], dim=1) / sigma)
+    r = Phi.shape[1]
+    qr.update(torch.eye(r, r + 1, dtype=CORE, device=X.device))  # the prior rows [I, 0]
+    R = qr.R
+    return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=X.shape[0],
+                     feature_trace=feature_trace, prior_trace=prior_trace)
+
+
+def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:
+    """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (float64 scalar)."""
+    n = post.n
+    return -0.5 * n * (math.log(2 * math.pi) + torch.log(noise.to(CORE))) \
+        - 0.5 * logdet_from_cholesky(post.L_B) - 0.5 * post.quad
+
+
+def predict_linear(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and variance [c] of ``phi(x*)^T w`` under the posterior N(weight_mean, (L_B L_B^T)^{-1}),
+    for features Phi [c, r]."""
+    Phi = Phi.to(CORE)
+    mean = Phi @ weight_mean
+    var = (solve_lower(L_B, Phi.T) ** 2).sum(0)  # ||L_B^{-1} phi||^2 >= 0 by construction
+    return mean, var

@@ -1,0 +1,130 @@
+"""The GPModel contract and the method registry.
+
+A model is a ``torch.nn.Module`` built from keyword options. :func:`gpscale.train.fit` drives any model through
+``init`` → ``loss`` (minimised by Adam) → ``fit_posterior``; ``predict`` then gives the latent posterior in
+chunks, and ``likelihood.predictive`` turns it into the predictive of y.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..distributed import LOCAL, Comm
+from ..kernels import Kernel, make_kernel
+from ..likelihoods import Gaussian
+
+__all__ = ["GPModel", "register", "get_model_class", "available_methods", "NotFittedPosteriorError"]
+
+_REGISTRY: dict[str, type["GPModel"]] = {}
+
+
+def register(key: str) -> Callable[[type["GPModel"]], type["GPModel"]]:
+    """Class decorator: make a model available as ``GPRegressor(method=key)``."""
+
+    def decorate(cls: type["GPModel"]) -> type["GPModel"]:
+        cls.key = key
+        _REGISTRY[key] = cls
+        return cls
+
+    return decorate
+
+
+def get_model_class(key: str) -> type["GPModel"]:
+    if key not in _REGISTRY:
+        raise ValueError(f"Unknown method {key!r}. Available methods: {', '.join(available_methods())}.")
+    return _REGISTRY[key]
+
+
+def available_methods() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+class NotFittedPosteriorError(RuntimeError):
+    """``predict`` was called before ``fit_posterior``."""
+
+
+class GPModel(nn.Module):
+    """Base of every method: a kernel, a Gaussian likelihood and a posterior cache.
+
+    Args:
+        n_features: input dimension d.
+        kernel: ``'rbf'``, ``'matern12'``, ``'matern32'``, ``'matern52'`` or a :class:`~gpscale.kernels.Kernel`.
+        ard: one lengthscale per input dimension.
+        lengthscale, outputscale: initial kernel hyperparameters.
+        noise: initial noise variance (of standardised y); fixed if ``learn_noise=False``.
+        noise_floor: lower bound of a learned noise variance.
+        chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
+
+    Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds).
+    """
+
+    key: str = ""
+    full_batch: bool = False
+
+    def __init__(
+        self,
+        n_features: int,
+        *,
+        kernel: str | Kernel = "rbf",
+        ard: bool = True,
+        lengthscale: float = 1.0,
+        outputscale: float = 1.0,
+        noise: float = 0.1,
+        learn_noise: bool = True,
+        noise_floor: float = 1e-6,
+        chunk_size: int = 8192,
+    ):
+        super().__init__()
+        self.n_features = int(n_features)
+        self.chunk_size = int(chunk_size)
+        if isinstance(kernel, Kernel):
+            self.kernel = kernel
+        else:
+            self.kernel = make_kernel(kernel, self.n_features, ard=ard, lengthscale=lengthscale,
+                                      outputscale=outputscale)
+        self.likelihood = Gaussian(noise=noise, learn_noise=learn_noise, noise_floor=noise_floor)
+        self.cache: dict[str, Tensor] = {}
+
+    # --- the contract -----------------------------------------------------------------------------------
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:  # pragma: no cover - interface
+        """Training objective on a minibatch (X [b, d], y [b]) of a set of ``num_data`` points, per data point."""
+        raise NotImplementedError
+
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        """Fill ``self.cache`` with everything prediction needs, in one streamed pass over (X, y)."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - interface
+        """Latent posterior mean and variance [c] at the rows of X [c, d], from ``self.cache``."""
+        raise NotImplementedError
+
+    # --- shared machinery -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent posterior mean and variance of f at X [n*, d], chunked: never n* x n* or n x n*."""
+        if not self.cache:
+            raise NotFittedPosteriorError(
+                f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
+            )
+        parts = [self.predict_chunk(Xc) for Xc in X.split(self.chunk_size)]
+        return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
+
+    def clear_cache(self) -> None:
+        """Forget the posterior; training calls this because new hyperparameters make it stale."""
+        self.cache = {}
+
+    def get_extra_state(self) -> dict[str, Tensor]:
+        # the posterior cache travels with state_dict(), so a saved model predicts without its training data
+        return dict(self.cache)
+
+    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+        self.cache = dict(state)
+
+    @property
+    def noise(self) -> Tensor:
+        return self.likelihood.noise

@@ -1,0 +1,108 @@
+"""SGPR: the collapsed variational bound of Titsias (2009), streamed in chunks.
+
+With inducing points Z [m, d], ``Kuu = K(Z, Z) + jitter I = L L^T`` and features ``phi(x) = L^{-1} k_Z(x)``,
+the Nyström approximation ``Q = Phi Phi^T`` makes SGPR a Bayesian linear model (``_linear.py``) plus a trace
+term:
+
+    log p(y) >= log N(y | 0, Q + sigma^2 I) - (tr K_ff - tr Q) / (2 sigma^2).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..distributed import LOCAL, Comm
+from ..linalg import cholesky, solve_lower
+from . import _linear
+from .base import GPModel, register
+from .inducing import kmeans_centers
+
+__all__ = ["SGPR"]
+
+
+@register("sgpr")
+class SGPR(GPModel):
+    """Sparse GP regression with the Titsias bound, trained full batch.
+
+    Args:
+        n_inducing: number of inducing points m (k-means initialised).
+        learn_inducing: optimise Z with the hyperparameters.
+        jitter: added to the diagonal of Kuu (absolute, standardised units).
+        solver: ``'cholesky'`` (normal equations, fast) or ``'qr'`` (TSQR, stable for tiny noise).
+        **kwargs: kernel, likelihood and chunking options of :class:`GPModel`.
+    """
+
+    full_batch = True
+
+    def __init__(self, n_features: int, n_inducing: int = 512, learn_inducing: bool = True,
+                 jitter: float = 1e-6, solver: str = "cholesky", **kwargs):
+        super().__init__(n_features, **kwargs)
+        if solver not in ("cholesky", "qr"):
+            raise ValueError(f"solver must be 'cholesky' or 'qr', got {solver!r}.")
+        self.n_inducing = int(n_inducing)
+        self.jitter = float(jitter)
+        self.solver = solver
+        self.Z = nn.Parameter(torch.zeros(self.n_inducing, self.n_features), requires_grad=learn_inducing)
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        with torch.no_grad():
+            self.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
+
+    def Kuu(self) -> Tensor:
+        """[m, m]"""
+        eye = torch.eye(self.n_inducing, dtype=self.Z.dtype, device=self.Z.device)
+        return self.kernel(self.Z, self.Z) + self.jitter * eye
+
+    def Lu(self) -> Tensor:
+        """Cholesky factor of Kuu [m, m], float64."""
+        return cholesky(self.Kuu().to(_linear.CORE), what="inducing covariance Kuu")
+
+    def features(self, Lu: Tensor):
+        """``x -> phi(x) = (L^{-1} Kuf)^T`` [c, m] (computed in the data dtype)."""
+
+        def phi(X: Tensor) -> Tensor:
+            return solve_lower(Lu.to(X.dtype), self.kernel(self.Z, X)).T
+
+        return phi
+
+    def collapse(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> tuple[Tensor, _linear.Collapsed]:
+        """Cholesky of Kuu and the collapsed posterior of the whitened inducing values."""
+        Lu = self.Lu()
+        phi = self.features(Lu)
+        if self.solver == "qr":
+            post = _linear.collapse_qr(phi, X, y, self.noise, chunk_size=self.chunk_size,
+                                       prior_diag=self.kernel.diag, comm=comm)
+        else:
+            stats = _linear.accumulate(phi, X, y, chunk_size=self.chunk_size, prior_diag=self.kernel.diag,
+                                       comm=comm)
+            post = _linear.collapse_cholesky(stats, self.noise)
+        return Lu, post
+
+    def elbo(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
+        """The Titsias bound on log p(y) (float64 scalar)."""
+        _, post = self.collapse(X, y, comm)
+        trace_term = (post.prior_trace - post.feature_trace) / self.noise.to(_linear.CORE)
+        return _linear.log_evidence(post, self.noise) - 0.5 * trace_term
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return -self.elbo(X, y) / num_data
+
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        Lu, post = self.collapse(X, y, comm)
+        self.cache = {"Lu": Lu, "L_B": post.L_B, "w_mean": post.weight_mean}
+
+    def optimal_q(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The optimal whitened q(v) = N(mean [m], S S^T), S [m, m] lower; SVGP with it attains this bound."""
+        _, post = self.collapse(X, y)
+        eye = torch.eye(post.L_B.shape[0], dtype=post.L_B.dtype, device=post.L_B.device)
+        L_B_inv = solve_lower(post.L_B, eye)  # S S^T = B^{-1} = L_B^{-T} L_B^{-1}
+        return post.weight_mean, torch.linalg.cholesky(L_B_inv.T @ L_B_inv)
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        Phi = self.features(self.cache["Lu"])(X).to(_linear.CORE)  # [c, m]
+        mean, var_w = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
+        # k(x, x) - ||phi||^2 is what the inducing points cannot explain: >= 0 in exact arithmetic, and the
+        # clamp only removes round-off of order 1e-16
+        residual = (self.kernel.diag(X).to(_linear.CORE) - (Phi**2).sum(-1)).clamp_min(0.0)
+        return mean.to(X.dtype), (residual + var_w).to(X.dtype)

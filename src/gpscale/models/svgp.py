@@ -1,0 +1,52 @@
+"""SVGP: stochastic variational GP with inducing points (Hensman, Fusi & Lawrence 2013)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..kernels import Kernel
+from ._variational import InducingFeatures, VariationalGP
+from .base import register
+from .inducing import kmeans_centers
+
+__all__ = ["InducingPoints", "SVGP"]
+
+
+class InducingPoints(InducingFeatures):
+    """u = f(Z) for inducing inputs Z [m, d]."""
+
+    def __init__(self, kernel: Kernel, m: int, d: int, learn: bool = True):
+        super().__init__()
+        self.kernel = kernel
+        self.num_inducing = int(m)
+        self.Z = nn.Parameter(torch.zeros(m, d), requires_grad=learn)
+
+    def Kuu(self) -> Tensor:
+        return self.kernel(self.Z, self.Z)
+
+    def Kuf(self, X: Tensor) -> Tensor:
+        return self.kernel(self.Z, X)
+
+    def Kff_diag(self, X: Tensor) -> Tensor:
+        return self.kernel.diag(X)
+
+
+@register("svgp")
+class SVGP(VariationalGP):
+    """SVGP on minibatches with whitened inducing points.
+
+    Args:
+        n_inducing: number of inducing points m (k-means initialised).
+        learn_inducing: optimise Z.
+        **kwargs: ``jitter`` and the kernel, likelihood and chunking options of :class:`GPModel`.
+    """
+
+    def __init__(self, n_features: int, n_inducing: int = 1024, learn_inducing: bool = True, **kwargs):
+        super().__init__(n_features, **kwargs)
+        self.n_inducing = int(n_inducing)
+        self.features = InducingPoints(self.kernel, self.n_inducing, self.n_features, learn=learn_inducing)
+        self.init_variational(self.n_inducing)
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        with torch.no_grad():
+            self.features.Z.copy_(kmeans_centers(X, self.n_inducing, seed))

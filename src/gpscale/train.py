@@ -1,0 +1,256 @@
+"""One training loop for every model: Adam on reshuffled minibatches (or the full batch), an optional
+learning-rate schedule, validation with early stopping, restarts on numerical failure, checkpoint/resume.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .linalg import NotPSDError
+from .models.base import GPModel
+
+__all__ = ["fit", "FitResult", "TrainingError"]
+
+
+class TrainingError(RuntimeError):
+    """Training diverged (non-finite loss) and restarts did not help."""
+
+
+@dataclass
+class FitResult:
+    """What happened during :func:`fit`. ``history`` has one dict per epoch (epoch, loss, lr, seconds and,
+    with validation, val_nlpd)."""
+
+    history: list[dict] = field(default_factory=list)
+    restarts: int = 0
+    best_epoch: int | None = None
+    stopped_early: bool = False
+    seconds: float = 0.0
+
+    @property
+    def epochs_run(self) -> int:
+        return len(self.history)
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        return sum(h["seconds"] for h in self.history) / max(1, len(self.history))
+
+
+Schedule = str | Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler] | None
+
+
+def fit(
+    model: GPModel,
+    X: Tensor,
+    y: Tensor,
+    *,
+    epochs: int = 50,
+    batch_size: int = 1024,
+    lr: float = 0.01,
+    schedule: Schedule = None,
+    val_fraction: float = 0.0,
+    patience: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+    max_restarts: int = 3,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+) -> FitResult:
+    """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
+
+    Args:
+        epochs: passes over the data; for full-batch models (``model.full_batch``) one Adam step each.
+        batch_size: minibatch size for minibatch models; batches are reshuffled every epoch.
+        lr: Adam learning rate.
+        schedule: ``None``/``'constant'``, ``'cosine'`` (annealed to 0 over ``epochs``), or a callable
+            ``(optimizer, epochs) -> scheduler`` stepped once per epoch.
+        val_fraction: hold out this fraction (seeded) to compute the validation NLPD after each epoch; training
+            stops after ``patience`` epochs without improvement and the best parameters are restored.
+        seed: seeds initialisation, shuffling and the validation split.
+        progress: show a tqdm bar with the loss (only when stderr is a terminal).
+        max_restarts: on :class:`NotPSDError` or a non-finite loss, restart from the initial parameters,
+            perturbed, at most this many times; then raise with a remedy.
+        checkpoint: a file written (atomically) after every epoch; with ``resume=True`` training continues
+            from it when it exists.
+
+    The posterior is fitted on all of (X, y), the validation rows included.
+    """
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience)
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator)
+    state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
+    if state is None:
+        model.init(X_fit, y_fit, seed=seed)
+    else:
+        model.load_state_dict(state["model"])
+    initial = copy.deepcopy(model.state_dict())
+    result = FitResult()
+    start = time.perf_counter()
+    for attempt in range(max_restarts + 1):
+        try:
+            _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
+                      batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, progress=progress,
+                      checkpoint=checkpoint)
+            break
+        except (NotPSDError, TrainingError) as err:
+            if attempt == max_restarts:
+                raise type(err)(
+                    f"Training failed {attempt + 1} times (last: {err}) Try a smaller lr, a larger noise "
+                    "floor (noise_floor=...), fewer inducing points, or dtype='float64'."
+                ) from err
+            warnings.warn(f"Training failed ({err}); restarting from perturbed initial values "
+                          f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
+            model.load_state_dict(initial)
+            _perturb(model, generator, scale=0.1 * (attempt + 1))
+            result, state = FitResult(restarts=attempt + 1), None
+    model.fit_posterior(X, y)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, batch_size, lr, schedule,
+              patience, progress, checkpoint) -> None:
+    model.clear_cache()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimiser = torch.optim.Adam(params, lr=lr)
+    scheduler = _make_scheduler(schedule, optimiser, epochs)
+    best = {"nlpd": math.inf, "state": None, "epoch": None, "bad": 0}
+    first = 0
+    if state is not None:
+        optimiser.load_state_dict(state["optimiser"])
+        if scheduler is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        generator.set_state(state["generator"])
+        result.history = state["history"]
+        best = state["best"]
+        first = len(result.history)
+    n = X.shape[0]
+    bar = tqdm(range(first, epochs), desc=model.key or "fit", unit="epoch", leave=False,
+               disable=not (progress and sys.stderr.isatty()))
+    for epoch in bar:
+        tic = time.perf_counter()
+        model.train()
+        loss = _epoch(model, X, y, optimiser, generator, batch_size, n)
+        if scheduler is not None:
+            scheduler.step()
+        record = {"epoch": epoch, "loss": loss, "lr": optimiser.param_groups[0]["lr"],
+                  "seconds": time.perf_counter() - tic}
+        if X_val is not None:
+            record["val_nlpd"] = _validation_nlpd(model, X, y, X_val, y_val)
+            if record["val_nlpd"] < best["nlpd"]:
+                best = {"nlpd": record["val_nlpd"], "state": copy.deepcopy(model.state_dict()), "epoch": epoch,
+                        "bad": 0}
+            else:
+                best["bad"] += 1
+        result.history.append(record)
+        bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
+        if checkpoint:
+            _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best)
+        if X_val is not None and best["bad"] >= patience:
+            result.stopped_early = True
+            break
+    bar.close()
+    model.eval()
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+        result.best_epoch = best["epoch"]
+
+
+def _epoch(model, X, y, optimiser, generator, batch_size, n) -> float:
+    """One pass; returns the mean loss over its steps."""
+    if model.full_batch:
+        batches = [(X, y)]
+    else:
+        order = torch.randperm(n, generator=generator).to(X.device)
+        batches = [(X[idx], y[idx]) for idx in order.split(batch_size)]
+    total = 0.0
+    for xb, yb in batches:
+        optimiser.zero_grad(set_to_none=True)
+        loss = model.loss(xb, yb, num_data=n)
+        if not torch.isfinite(loss):
+            raise TrainingError(f"the loss became {loss.item()}.")
+        loss.backward()
+        optimiser.step()
+        total += loss.item()
+    return total / len(batches)
+
+
+@torch.no_grad()
+def _validation_nlpd(model, X, y, X_val, y_val) -> float:
+    model.fit_posterior(X, y)
+    mean, var = model.predict(X_val)
+    nlpd = -model.likelihood.log_predictive_density(y_val, mean, var).mean().item()
+    model.clear_cache()
+    return nlpd
+
+
+def _validation_split(X, y, fraction, generator):
+    if fraction == 0.0:
+        return X, y, None, None
+    n_val = int(round(fraction * X.shape[0]))
+    if n_val < 1 or n_val >= X.shape[0]:
+        raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={X.shape[0]}.")
+    order = torch.randperm(X.shape[0], generator=generator).to(X.device)
+    val, fit_ = order[:n_val], order[n_val:]
+    return X[fit_], y[fit_], X[val], y[val]
+
+
+def _make_scheduler(schedule, optimiser, epochs):
+    if schedule is None or schedule == "constant":
+        return None
+    if schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=epochs)
+    if callable(schedule):
+        return schedule(optimiser, epochs)
+    raise ValueError(f"Unknown schedule {schedule!r}; use None, 'constant', 'cosine' or a callable.")
+
+
+def _perturb(model: GPModel, generator: torch.Generator, scale: float) -> None:
+    """Jitter the unconstrained hyperparameters (not the variational or inducing parameters, which k-means and
+    the prior initialised) by ``scale`` standard normal noise."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.rsplit(".", 1)[-1].startswith("raw_"):
+                p.add_(scale * torch.randn(p.shape, generator=generator).to(p))
+
+
+def _save_checkpoint(path, model, optimiser, scheduler, generator, history, best) -> None:
+    state = {
+        "model": model.state_dict(),
+        "optimiser": optimiser.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "generator": generator.get_state(),
+        "history": history,
+        "best": best,
+    }
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path) -> dict:
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as err:
+        raise ValueError(f"Cannot resume from checkpoint {path}: {err}. Delete it to start afresh.") from err
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"Expected {name} to be positive. Got {value}.")

@@ -1,0 +1,68 @@
+import csv
+
+import numpy as np
+import pytest
+
+from gpscale.cli import main
+
+
+@pytest.fixture
+def train_csv(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(80, 3))
+    y = np.sin(5 * X[:, 0]) + X[:, 1]
+    path = tmp_path / "train.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "target"])
+        w.writerows(np.c_[X, y].tolist())
+    return path, X, y
+
+
+def test_fit_then_predict_writes_mean_and_std_matching_the_python_api(tmp_path, train_csv, capsys):
+    path, X, _ = train_csv
+    model = tmp_path / "m.gps"
+    assert main(["fit", str(path), "--target", "target", "--method", "sgpr", "-o", str(model),
+                 "--n-inducing", "10", "--epochs", "5", "--quiet", "--option", "solver=qr"]) == 0
+    new = tmp_path / "new.csv"
+    with open(new, "w", newline="") as f:  # columns in another order, target absent
+        w = csv.writer(f)
+        w.writerow(["c", "a", "b"])
+        w.writerows(X[:4][:, [2, 0, 1]].tolist())
+    out = tmp_path / "out.csv"
+    assert main(["predict", str(model), str(new), "-o", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    from gpscale import load
+    reg = load(model)
+    assert reg.solver == "qr"
+    mean, std = reg.predict(X[:4], return_std=True)
+    np.testing.assert_allclose([float(r["mean"]) for r in rows], mean, rtol=1e-12)
+    np.testing.assert_allclose([float(r["std"]) for r in rows], std, rtol=1e-12)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["fit", "{train}", "--target", "nope", "-o", "{tmp}/m.gps"], "no column 'nope'"),
+    (["fit", "{tmp}/missing.csv", "--target", "y", "-o", "{tmp}/m.gps"], "No such file"),
+    (["fit", "{train}", "--target", "target", "-o", "{tmp}/m.gps", "--option", "bogus=1"], "no option 'bogus'"),
+    (["fit", "{train}", "--target", "target", "-o", "{tmp}/m.gps", "--option", "novalue"], "KEY=VALUE"),
+    (["predict", "{train}", "{train}", "-o", "{tmp}/o.csv"], "not a gpscale model file"),
+])
+def test_errors_are_one_line_with_nonzero_exit(tmp_path, train_csv, capsys, args, message):
+    path, _, _ = train_csv
+    argv = [a.format(train=path, tmp=tmp_path) for a in args]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpscale: error:") and message in err and err.count("\n") == 1
+
+
+def test_non_numeric_cell_is_located(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("a,y\n1,2\nx,3\n")
+    assert main(["fit", str(path), "--target", "y", "-o", str(tmp_path / "m.gps")]) == 1
+
+
+def test_data_list_runs_without_a_data_folder(monkeypatch, capsys):
+    monkeypatch.delenv("GPSCALE_DATA", raising=False)
+    assert main(["data", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "friedman1" in out and "pol" in out

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.gaussian_process.kernels import RBF as SkRBF
+from sklearn.gaussian_process.kernels import Matern as SkMatern
+
+from gpscale.kernels import RBF, GPyTorchKernel, Matern, inverse_softplus, make_kernel
+
+LS = [0.7, 1.3, 0.4]
+
+
+def with_params(kernel, lengthscale, outputscale):
+    with torch.no_grad():
+        kernel.raw_lengthscale.copy_(inverse_softplus(torch.tensor(lengthscale, dtype=torch.float64)))
+        kernel.raw_outputscale.copy_(inverse_softplus(torch.tensor(outputscale, dtype=torch.float64)))
+    return kernel
+
+
+@pytest.fixture
+def points():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(15, 3, generator=g, dtype=torch.float64), torch.randn(9, 3, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name, reference", [
+    ("rbf", SkRBF(length_scale=LS)),
+    ("matern12", SkMatern(length_scale=LS, nu=0.5)),
+    ("matern32", SkMatern(length_scale=LS, nu=1.5)),
+    ("matern52", SkMatern(length_scale=LS, nu=2.5)),
+])
+def test_kernels_match_scikit_learn(points, name, reference):
+    X1, X2 = points
+    k = with_params(make_kernel(name, 3).double(), LS, 2.5)
+    expected = 2.5 * reference(X1.numpy(), X2.numpy())
+    np.testing.assert_allclose(k(X1, X2).detach().numpy(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", [RBF(3), Matern(3, nu=0.5), Matern(3, nu=2.5), RBF(3, ard=False)])
+def test_diag_equals_diagonal_of_full_matrix(points, kernel):
+    X, _ = points
+    kernel = kernel.double()
+    torch.testing.assert_close(kernel.diag(X), kernel(X, X).diagonal())
+
+
+def test_shared_lengthscale_has_one_parameter_and_equals_ard_with_equal_values(points):
+    X1, X2 = points
+    shared = with_params(RBF(3, ard=False).double(), [0.8], 1.0)
+    ard = with_params(RBF(3).double(), [0.8, 0.8, 0.8], 1.0)
+    assert shared.raw_lengthscale.numel() == 1
+    torch.testing.assert_close(shared(X1, X2), ard(X1, X2))
+
+
+def test_matern_gradient_is_finite_at_zero_distance(points):
+    X, _ = points
+    k = Matern(3, nu=0.5).double()
+    k(X, X).sum().backward()
+    assert torch.isfinite(k.raw_lengthscale.grad).all()
+
+
+def test_hyperparameters_stay_positive_under_any_raw_value():
+    k = RBF(2)
+    with torch.no_grad():
+        k.raw_lengthscale.fill_(-50.0)
+    assert (k.lengthscale > 0).all()
+
+
+def test_unknown_kernel_and_bad_nu_are_rejected():
+    with pytest.raises(ValueError, match="matern52"):
+        make_kernel("laplace", 2)
+    with pytest.raises(ValueError, match="nu"):
+        Matern(2, nu=1.0)
+
+
+def test_gpytorch_adapter_equals_the_wrapped_kernel(points):
+    gpytorch = pytest.importorskip("gpytorch")
+    X1, X2 = points
+    inner = gpytorch.kernels.ScaleKernel(gpytorch.kernels.PeriodicKernel()).double()
+    k = GPyTorchKernel(inner)
+    torch.testing.assert_close(k(X1, X2), inner(X1, X2).to_dense())
+    torch.testing.assert_close(k.diag(X1), inner(X1, X1).to_dense().diagonal())
+    assert set(map(id, k.parameters())) == set(map(id, inner.parameters()))

@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from gpscale.linalg import NotPSDError, NumericalWarning, StreamingQR, cholesky, qr_lstsq, qr_r
+
+
+def spd(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(n, n, generator=g, dtype=torch.float64)
+    return A @ A.T + n * torch.eye(n, dtype=torch.float64)
+
+
+def test_cholesky_of_spd_matrix_needs_no_jitter(recwarn):
+    A = spd(20)
+    L = cholesky(A)
+    torch.testing.assert_close(L @ L.T, A)
+    assert not [w for w in recwarn if issubclass(w.category, NumericalWarning)]
+
+
+def test_cholesky_escalates_jitter_with_a_warning():
+    v = torch.randn(30, 3, dtype=torch.float64)
+    A = v @ v.T  # rank 3: singular, but PSD
+    with pytest.warns(NumericalWarning, match="added jitter"):
+        L = cholesky(A)
+    assert torch.allclose(L @ L.T, A, atol=1e-5 * A.diagonal().mean())
+
+
+def test_cholesky_raises_actionable_error_when_jitter_cannot_help():
+    A = -spd(5)
+    with pytest.raises(NotPSDError, match="float64|noise"):
+        cholesky(A, max_tries=3)
+
+
+def test_cholesky_rejects_nan():
+    A = spd(4)
+    A[1, 2] = float("nan")
+    with pytest.raises(NotPSDError, match="NaN"):
+        cholesky(A)
+
+
+def test_streaming_qr_equals_one_shot_qr():
+    A = torch.randn(1000, 12, dtype=torch.float64)
+    R = StreamingQR.of_chunks(A.split(97))
+    torch.testing.assert_close(R, qr_r(A), rtol=1e-10, atol=1e-10)
+    assert (R.diagonal() > 0).all()
+
+
+def test_streaming_qr_with_chunks_smaller_than_width():
+    A = torch.randn(50, 8, dtype=torch.float64)
+    torch.testing.assert_close(StreamingQR.of_chunks(A.split(3)), qr_r(A), rtol=1e-10, atol=1e-10)
+
+
+def test_qr_lstsq_matches_normal_equations_on_well_conditioned_problem():
+    A = torch.randn(200, 5, dtype=torch.float64)
+    b = torch.randn(200, 1, dtype=torch.float64)
+    x = qr_lstsq(A, b)
+    torch.testing.assert_close(x, torch.linalg.solve(A.T @ A, A.T @ b))
+
+
+def test_qr_lstsq_is_accurate_where_normal_equations_fail():
+    # columns nearly collinear: cond(A) ~ 1e7, cond(A^T A) ~ 1e14
+    t = torch.linspace(0, 1, 100, dtype=torch.float64)
+    A = torch.stack([torch.ones_like(t), t, t + 1e-7 * torch.sin(40 * t)], dim=1)
+    x_true = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
+    x = qr_lstsq(A, A @ x_true)
+    assert torch.allclose(x, x_true, rtol=1e-5)

@@ -1,0 +1,227 @@
+"""Derivation-level checks of the baselines against dense references and each other."""
+from unittest.mock import patch
+
+import pytest
+import torch
+from torch.distributions import MultivariateNormal
+
+from conftest import toy_regression
+from gpscale.kernels import inverse_softplus
+from gpscale.models import get_model_class
+from gpscale.models import _linear
+from gpscale.models.base import NotFittedPosteriorError
+from gpscale.models.exact import ExactGP
+from gpscale.models.sgpr import SGPR
+from gpscale.models.svgp import SVGP
+
+HYPERS = dict(lengthscale=0.6, outputscale=1.4, noise=0.05)
+
+
+def build(cls, X, Z=None, **options):
+    model = cls(X.shape[1], **HYPERS, **options).double()
+    if Z is not None:
+        z_param = model.Z if hasattr(model, "Z") else model.features.Z
+        with torch.no_grad():
+            z_param.copy_(Z)
+    return model
+
+
+def dense_log_evidence(model, X, y):
+    K = model.kernel(X, X) + model.noise * torch.eye(X.shape[0], dtype=X.dtype)
+    return MultivariateNormal(torch.zeros_like(y), K).log_prob(y)
+
+
+@pytest.fixture
+def data():
+    return toy_regression(n=60, d=2)
+
+
+def test_exact_log_marginal_likelihood_equals_dense_formula(data):
+    X, y = data
+    model = build(ExactGP, X)
+    torch.testing.assert_close(model.log_marginal_likelihood(X, y), dense_log_evidence(model, X, y))
+
+
+def test_exact_prediction_equals_dense_formula(data):
+    X, y = data
+    Xs = torch.rand(7, 2, dtype=torch.float64)
+    model = build(ExactGP, X)
+    model.fit_posterior(X, y)
+    mean, var = model.predict(Xs)
+    K = model.kernel(X, X) + model.noise * torch.eye(len(X), dtype=X.dtype)
+    Ks = model.kernel(X, Xs)
+    torch.testing.assert_close(mean, Ks.T @ torch.linalg.solve(K, y))
+    torch.testing.assert_close(var, model.kernel.diag(Xs) - (Ks * torch.linalg.solve(K, Ks)).sum(0))
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "qr"])
+def test_sgpr_with_inducing_points_at_the_data_equals_the_exact_gp(data, solver):
+    X, y = data
+    exact = build(ExactGP, X)
+    sgpr = build(SGPR, X, Z=X, n_inducing=len(X), jitter=0.0, solver=solver)
+    torch.testing.assert_close(sgpr.elbo(X, y), exact.log_marginal_likelihood(X, y), rtol=1e-6, atol=0)
+    Xs = torch.rand(11, 2, dtype=torch.float64) * 4 - 2
+    exact.fit_posterior(X, y)
+    sgpr.fit_posterior(X, y)
+    for ours, ref in zip(sgpr.predict(Xs), exact.predict(Xs)):
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-9)
+
+
+def test_sgpr_bound_is_below_the_exact_evidence_and_tightens_with_more_inducing_points(data):
+    X, y = data
+    exact = build(ExactGP, X).log_marginal_likelihood(X, y)
+    bounds = [build(SGPR, X, Z=X[:m], n_inducing=m).elbo(X, y) for m in (5, 15, 40)]
+    assert bounds[0] < bounds[1] < bounds[2] < exact
+
+
+def test_sgpr_qr_and_cholesky_solvers_agree(data):
+    X, y = data
+    Z = X[::4]
+    a = build(SGPR, X, Z=Z, n_inducing=len(Z), solver="cholesky")
+    b = build(SGPR, X, Z=Z, n_inducing=len(Z), solver="qr")
+    torch.testing.assert_close(a.elbo(X, y), b.elbo(X, y), rtol=1e-10, atol=0)
+
+
+def test_svgp_at_the_optimal_q_attains_the_sgpr_bound_and_predicts_identically(data):
+    X, y = data
+    Z = X[::3]
+    sgpr = build(SGPR, X, Z=Z, n_inducing=len(Z))
+    svgp = build(SVGP, X, Z=Z, n_inducing=len(Z))
+    q_mu, q_sqrt = sgpr.optimal_q(X, y)
+    with torch.no_grad():
+        svgp.q_mu.copy_(q_mu)
+        svgp.q_sqrt_raw.copy_(q_sqrt)
+    torch.testing.assert_close(svgp.elbo(X, y, num_data=len(X)), sgpr.elbo(X, y), rtol=1e-8, atol=0)
+    sgpr.fit_posterior(X, y)
+    svgp.fit_posterior(X, y)
+    Xs = torch.rand(9, 2, dtype=torch.float64)
+    for ours, ref in zip(svgp.predict(Xs), sgpr.predict(Xs)):
+        torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-10)
+
+
+def test_svgp_elbo_is_below_the_exact_evidence_for_any_q(data):
+    X, y = data
+    svgp = build(SVGP, X, Z=X[::2], n_inducing=30)
+    with torch.no_grad():
+        svgp.q_mu.normal_()
+        svgp.q_sqrt_raw.mul_(0.3)
+    exact = build(ExactGP, X).log_marginal_likelihood(X, y)
+    assert svgp.elbo(X, y, num_data=len(X)) < exact
+
+
+def test_svgp_minibatch_elbo_is_unbiased(data):
+    X, y = data
+    svgp = build(SVGP, X, Z=X[::4], n_inducing=15)
+    full = svgp.elbo(X, y, num_data=len(X))
+    batches = [svgp.elbo(X[i::4], y[i::4], num_data=len(X)) for i in range(4)]
+    torch.testing.assert_close(torch.stack(batches).mean(), full)
+
+
+def test_chunked_and_checkpointed_statistics_give_the_same_loss_and_gradients(data):
+    X, y = data
+    Z = X[::5]
+    one = build(SGPR, X, Z=Z, n_inducing=len(Z), chunk_size=1000)
+    many = build(SGPR, X, Z=Z, n_inducing=len(Z), chunk_size=7)
+    losses = []
+    for model in (one, many):
+        loss = model.loss(X, y, num_data=len(X))
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[0], losses[1])
+    for p, q in zip(one.parameters(), many.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("key", ["exact", "sgpr", "svgp"])
+def test_loss_gradient_matches_finite_differences(data, key):
+    X, y = data
+    model = build(get_model_class(key), X[:25], **({} if key == "exact" else {"n_inducing": 8}))
+    model.init(X[:25], y[:25])
+    raw = [p for name, p in model.named_parameters() if "raw_" in name]
+
+    def loss_of(*values):
+        with torch.no_grad():
+            saved = [p.clone() for p in raw]
+            for p, v in zip(raw, values):
+                p.copy_(v)
+        loss = model.loss(X[:25], y[:25], num_data=25)
+        with torch.no_grad():
+            for p, s in zip(raw, saved):
+                p.copy_(s)
+        return loss
+
+    loss = model.loss(X[:25], y[:25], num_data=25)
+    grads = torch.autograd.grad(loss, raw)
+    eps = 1e-6
+    for i, p in enumerate(raw):
+        for j in range(p.numel()):
+            up = [q.detach().clone() for q in raw]
+            down = [q.detach().clone() for q in raw]
+            up[i].view(-1)[j] += eps
+            down[i].view(-1)[j] -= eps
+            numeric = (loss_of(*up) - loss_of(*down)) / (2 * eps)
+            assert abs(grads[i].view(-1)[j] - numeric) < 1e-6 * (1 + abs(numeric))
+
+
+def test_sgpr_only_factors_m_by_m_matrices():
+    X, y = toy_regression(n=300, d=2)
+    sgpr = build(SGPR, X, Z=X[:20], n_inducing=20)
+    wrapped = torch.linalg.cholesky_ex
+    sizes = []
+
+    def spy(A, *args, **kwargs):
+        sizes.append(A.shape[-1])
+        return wrapped(A, *args, **kwargs)
+
+    with patch("torch.linalg.cholesky_ex", new=spy):
+        sgpr.loss(X, y, num_data=300).backward()
+        sgpr.fit_posterior(X, y)
+        sgpr.predict(X)
+    assert sizes and set(sizes) == {20}
+
+
+@pytest.mark.parametrize("key", ["exact", "sgpr", "svgp"])
+def test_chunked_prediction_equals_one_chunk_and_variances_are_non_negative(data, key):
+    X, y = data
+    small = build(get_model_class(key), X, **({} if key == "exact" else {"n_inducing": 12}), chunk_size=5)
+    small.init(X, y)
+    big = build(get_model_class(key), X, **({} if key == "exact" else {"n_inducing": 12}), chunk_size=10_000)
+    big.load_state_dict(small.state_dict())
+    for model in (small, big):
+        model.fit_posterior(X, y)
+    Xs = torch.rand(23, 2, dtype=torch.float64) * 6 - 3
+    for a, b in zip(small.predict(Xs), big.predict(Xs)):
+        torch.testing.assert_close(a, b)
+    assert (small.predict(Xs)[1] >= 0).all()
+
+
+def test_predict_before_fit_posterior_says_what_to_do(data):
+    X, _ = data
+    with pytest.raises(NotFittedPosteriorError, match="fit_posterior"):
+        build(SGPR, X, n_inducing=4).predict(X)
+
+
+def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
+    g = torch.Generator().manual_seed(3)
+    Phi = torch.randn(40, 6, generator=g, dtype=torch.float64)
+    y = torch.randn(40, generator=g, dtype=torch.float64)
+    noise = torch.tensor(0.3, dtype=torch.float64)
+    stats = _linear.accumulate(lambda X: X, Phi, y, chunk_size=9)
+    post = _linear.collapse_cholesky(stats, noise)
+    dense = MultivariateNormal(torch.zeros(40, dtype=torch.float64), Phi @ Phi.T + noise * torch.eye(40))
+    torch.testing.assert_close(_linear.log_evidence(post, noise), dense.log_prob(y))
+    # posterior of w: N(Sigma Phi^T y / s2, Sigma), Sigma = (I + Phi^T Phi / s2)^-1
+    Sigma = torch.linalg.inv(torch.eye(6, dtype=torch.float64) + Phi.T @ Phi / noise)
+    torch.testing.assert_close(post.weight_mean, Sigma @ Phi.T @ y / noise)
+    Xs = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    mean, var = _linear.predict_linear(post.L_B, post.weight_mean, Xs)
+    torch.testing.assert_close(var, ((Xs @ Sigma) * Xs).sum(-1))
+    qr_post = _linear.collapse_qr(lambda X: X, Phi, y, noise, chunk_size=9)
+    torch.testing.assert_close(_linear.log_evidence(qr_post, noise), dense.log_prob(y))
+
+
+def test_noise_and_kernel_hyperparameters_start_at_the_requested_values():
+    model = SGPR(2, n_inducing=3, noise=0.037, lengthscale=0.3, outputscale=2.0)
+    assert model.noise.item() == pytest.approx(0.037, rel=1e-6)
+    assert model.kernel.lengthscale.tolist() == pytest.approx([0.3, 0.3], rel=1e-6)
+    assert model.kernel.outputscale.item() == pytest.approx(2.0, rel=1e-6)

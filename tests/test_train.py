@@ -1,0 +1,122 @@
+import warnings
+
+import pytest
+import torch
+
+from conftest import toy_regression
+from gpscale.linalg import NotPSDError
+from gpscale.models.sgpr import SGPR
+from gpscale.models.svgp import SVGP
+from gpscale.train import TrainingError, fit
+
+
+def sgpr(d=2, m=10, **kw):
+    return SGPR(d, n_inducing=m, **kw).double()
+
+
+def test_training_increases_the_bound_and_fits_the_posterior():
+    X, y = toy_regression(n=150)
+    model = sgpr(m=20)
+    result = fit(model, X, y, epochs=60, lr=0.1, progress=False)
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0] - 0.1
+    assert model.cache  # posterior ready
+    mean, _ = model.predict(X)
+    assert torch.sqrt(((mean - y) ** 2).mean()) < 0.2  # noise std is 0.1
+
+
+def test_same_seed_gives_identical_training_and_other_seed_differs():
+    X, y = toy_regression(n=120)
+    runs = []
+    for seed in (0, 0, 1):
+        model = SVGP(2, n_inducing=8).double()
+        fit(model, X, y, epochs=3, batch_size=32, lr=0.05, seed=seed, progress=False)
+        runs.append(model.q_mu.detach().clone())
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+    assert not torch.allclose(runs[0], runs[2])
+
+
+def test_minibatches_cover_every_point_once_per_epoch():
+    X, y = toy_regression(n=50)
+    model = SVGP(2, n_inducing=4).double()
+    seen = []
+    original = model.loss
+
+    def spy(xb, yb, num_data):
+        seen.append(xb)
+        assert num_data == 50
+        return original(xb, yb, num_data)
+
+    model.loss = spy
+    fit(model, X, y, epochs=2, batch_size=16, progress=False)
+    first_epoch = torch.cat(seen[:4])
+    assert len(seen) == 8 and [len(b) for b in seen[:4]] == [16, 16, 16, 2]
+    assert sorted(first_epoch[:, 0].tolist()) == sorted(X[:, 0].tolist())
+    assert not torch.equal(torch.cat(seen[:4]), torch.cat(seen[4:]))  # reshuffled
+
+
+def test_cosine_schedule_anneals_learning_rate():
+    X, y = toy_regression(n=60)
+    result = fit(sgpr(), X, y, epochs=10, lr=0.1, schedule="cosine", progress=False)
+    lrs = [h["lr"] for h in result.history]
+    assert lrs[0] < 0.1 and lrs[-1] == pytest.approx(0.0, abs=1e-12) and lrs == sorted(lrs, reverse=True)
+
+
+def test_early_stopping_restores_the_best_validation_state():
+    X, y = toy_regression(n=200)
+    model = sgpr()
+    result = fit(model, X, y, epochs=200, lr=0.3, val_fraction=0.2, patience=3, progress=False)
+    nlpds = [h["val_nlpd"] for h in result.history]
+    assert result.stopped_early and len(nlpds) < 200
+    assert result.best_epoch == min(range(len(nlpds)), key=nlpds.__getitem__)
+    assert result.best_epoch == len(nlpds) - 1 - 3
+
+
+def test_restart_after_not_psd_error_then_success():
+    X, y = toy_regression(n=60)
+    model = sgpr()
+    calls = {"n": 0}
+    original = model.loss
+
+    def flaky(xb, yb, num_data):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise NotPSDError("simulated")
+        return original(xb, yb, num_data)
+
+    model.loss = flaky
+    with pytest.warns(RuntimeWarning, match="restarting"):
+        result = fit(model, X, y, epochs=5, progress=False)
+    assert result.restarts == 1 and result.epochs_run == 5
+
+
+def test_gives_up_with_a_remedy_after_max_restarts():
+    X, y = toy_regression(n=60)
+    model = sgpr()
+    model.loss = lambda xb, yb, num_data: torch.tensor(float("nan"), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TrainingError, match="smaller lr"):
+            fit(model, X, y, epochs=3, max_restarts=2, progress=False)
+
+
+def test_checkpoint_resume_continues_where_training_stopped(tmp_path):
+    X, y = toy_regression(n=100)
+    path = tmp_path / "ckpt.pt"
+    straight = SVGP(2, n_inducing=6).double()
+    fit(straight, X, y, epochs=6, batch_size=25, lr=0.05, progress=False)
+    first = SVGP(2, n_inducing=6).double()
+    fit(first, X, y, epochs=3, batch_size=25, lr=0.05, progress=False, checkpoint=path)
+    resumed = SVGP(2, n_inducing=6).double()
+    result = fit(resumed, X, y, epochs=6, batch_size=25, lr=0.05, progress=False, checkpoint=path, resume=True)
+    assert result.epochs_run == 6
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        if torch.is_tensor(a):
+            torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("bad", [dict(epochs=0), dict(lr=-1.0), dict(batch_size=0), dict(val_fraction=1.0)])
+def test_bad_training_arguments_are_rejected(bad):
+    X, y = toy_regression(n=20)
+    with pytest.raises(ValueError, match="Expected|val_fraction"):
+        fit(sgpr(), X, y, progress=False, **bad)

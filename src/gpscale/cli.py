@@ -62,6 +62,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(run=_predict)
 
+    p = sub.add_parser("bench", help="run a benchmark protocol; results go to OUT/results.sqlite and a report")
+    p.add_argument("--protocol", default="quick", help="quick, baselines, ... (default: quick)")
+    p.add_argument("--methods", type=_names, default=None, help="comma-separated subset of the protocol's methods")
+    p.add_argument("--datasets", type=_names, default=None, help="comma-separated subset of its datasets")
+    p.add_argument("--splits", type=_ints, default=None, help="comma-separated splits (default: the protocol's)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: results/PROTOCOL)")
+    p.add_argument("--resume", action="store_true", help="skip runs already in the results file")
+    p.add_argument("--data-dir", default=None, help="data folder (default: $GPSCALE_DATA)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--list", action="store_true", help="list the protocols and exit")
+    p.set_defaults(run=_bench)
+
+    p = sub.add_parser("report", help="write a markdown report with plots from a results file")
+    p.add_argument("results", type=Path, help="results.sqlite written by `gpscale bench`")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    p.add_argument("--protocol", default=None, help="only this protocol's runs")
+    p.set_defaults(run=_report)
+
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
     q = data_sub.add_parser("list", help="datasets known to gpscale and whether they are on disk")
@@ -113,6 +131,51 @@ def _predict(args) -> None:
         writer.writerow(["mean", "std"])
         writer.writerows(zip(mean.tolist(), std.tolist()))
     print(f"wrote {len(mean)} predictions to {args.output}")
+
+
+def _bench(args) -> None:
+    import time
+
+    from .bench.protocols import PROTOCOLS, get_protocol
+    from .bench.report import print_table, write_report
+    from .bench.runner import run_protocol
+    from .bench.store import ResultsStore
+
+    if args.list:
+        for p in PROTOCOLS.values():
+            print(f"{p.name:<16} v{p.version}  {p.description}")
+        return
+    protocol = get_protocol(args.protocol)
+    out = args.out or Path("results") / protocol.name
+    print(f"gpscale bench: protocol {protocol.name} v{protocol.version}: {protocol.description}")
+    tic = time.perf_counter()
+    path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
+                        data_dir=args.data_dir, resume=args.resume, device=args.device)
+    runs = ResultsStore(path).runs(protocol.name)
+    print()
+    print(print_table(runs))
+    report = write_report(path, out, protocol=protocol.name)
+    print(f"\nresults: {path}\nreport:  {report}\nplots:   {', '.join(str(p) for p in sorted(out.glob('*.png')))}")
+    print(f"wall time: {time.perf_counter() - tic:.0f} s")
+
+
+def _report(args) -> None:
+    from .bench.report import write_report
+
+    if not args.results.exists():
+        raise ValueError(f"{args.results}: no such results file.")
+    print(f"report: {write_report(args.results, args.output, protocol=args.protocol)}")
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _names(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _data_list(args) -> None:

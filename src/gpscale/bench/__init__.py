@@ -1,0 +1,1 @@
+"""Benchmarks: protocols, runner, results store, report, and the GPyTorch peer baselines (:mod:`.peers`)."""

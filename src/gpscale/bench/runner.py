@@ -1,0 +1,205 @@
+"""Run a protocol: every (dataset, split, seed, method) in a fixed order, in one process, each run recorded.
+
+A run that fails is recorded with its error and the suite goes on. Ours and the GPyTorch peers run on the same
+standardised data, inducing points from the same seeded k-means, in the same process, so their times compare
+as ratios.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .. import __version__, metrics
+from ..data import data_dir as resolve_data_dir
+from ..data import load_dataset
+from ..models import get_model_class
+from ..models.inducing import kmeans_centers
+from ..train import fit
+from .memory import PeakMemory
+from .protocols import MethodSpec, Protocol
+from .store import ResultsStore, identity
+
+__all__ = ["run_protocol", "run_one", "machine_info"]
+
+TRAINING_OPTIONS = ("epochs", "batch_size", "lr")
+CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+
+
+def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] | None = None,
+                 datasets: list[str] | None = None, splits: list[int] | None = None, data_dir: str | None = None,
+                 resume: bool = False, device: str = "cpu", progress: bool = True,
+                 log: Callable[[str], None] = print) -> Path:
+    """Run ``protocol`` (optionally a subset) and append every run to ``out_dir/results.sqlite``.
+
+    Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
+    Returns the path of the results file.
+    """
+    store = ResultsStore(Path(out_dir) / "results.sqlite")
+    done = store.completed(protocol.name, protocol.version) if resume else set()
+    specs = _select(protocol.methods, methods, lambda s: s.name, "method")
+    names = _select(list(protocol.datasets), datasets, lambda s: s, "dataset")
+    context = _context(device, protocol.dtype)
+    folder = resolve_data_dir(data_dir)
+    _warm_up(specs, protocol.dtype, device)
+    for name in names:
+        if name in protocol.requires_data and not _available(name, folder):
+            log(f"skip {name}: not in the data folder ({folder or 'none set; use --data-dir or GPSCALE_DATA'})")
+            continue
+        for split in splits if splits is not None else (protocol.datasets[name] or protocol.splits):
+            for seed in protocol.seeds:
+                ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
+                                  **protocol.dataset_options.get(name, {}))
+                for spec in specs:
+                    if spec.max_n is not None and ds.n_train > spec.max_n:
+                        continue
+                    base = {"protocol": protocol.name, "protocol_version": protocol.version, "method": spec.name,
+                            "options": {"key": spec.key, **spec.options}, "dataset": name, "split": split,
+                            "seed": seed}
+                    if identity(base) in done:
+                        log(f"done already: {spec.name} on {name} split {split} seed {seed}")
+                        continue
+                    record = {**base, **context, **run_one(spec, ds, seed=seed, dtype=protocol.dtype,
+                                                           device=device, progress=progress)}
+                    store.append(record)
+                    log(_line(record))
+    return store.path
+
+
+def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False) -> dict:
+    """Train and evaluate one method on one dataset split; never raises (an error becomes the record)."""
+    record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
+    torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
+    Xtr, ytr, Xte = (torch.tensor(a, dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train, ds.X_test))
+    try:
+        train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
+        options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
+        if "n_inducing" in options:
+            options["n_inducing"] = min(options["n_inducing"], ds.n_train)
+        runner = _run_peer if spec.key.startswith("gpytorch-") else _run_ours
+        with PeakMemory(device) as peak:
+            tic = time.perf_counter()
+            predict, seconds_per_epoch, epochs = runner(spec.key, options, train, Xtr, ytr, seed, progress)
+            train_seconds = time.perf_counter() - tic
+            tic = time.perf_counter()
+            mean, var = (t.double().cpu().numpy() for t in predict(Xte))
+            predict_seconds = time.perf_counter() - tic
+        record.update(_scores(ds, mean, var), status="ok", train_seconds=train_seconds,
+                      seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
+                      peak_memory_mb=peak.mb)
+    except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
+        record.update(status="error", error=f"{type(err).__name__}: {err}")
+    return record
+
+
+def _warm_up(specs, dtype, device) -> None:
+    """One tiny untimed run of each method, so that one-off costs (imports, thread pools, first-call dispatch)
+    do not land on whichever method happens to run first."""
+    from ..data import load_dataset as load
+
+    tiny = load("friedman1", n=200)
+    for spec in specs:
+        options = {**spec.options, "epochs": 1}
+        run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)
+
+
+def _run_ours(key, options, train, X, y, seed, progress):
+    model = get_model_class(key)(X.shape[1], **options).to(dtype=X.dtype, device=X.device)
+    result = fit(model, X, y, seed=seed, progress=progress, **train)
+
+    def predict(Xs):
+        with torch.no_grad():
+            return model.likelihood.predictive(*model.predict(Xs))
+
+    return predict, result.seconds_per_epoch, result.epochs_run
+
+
+def _run_peer(key, options, train, X, y, seed, progress):
+    from .peers import make_peer
+
+    m = options.pop("n_inducing", None)
+    peer = make_peer(key, X.shape[1], m, dtype=X.dtype, device=X.device, **options)
+    Z = kmeans_centers(X, m, seed) if m is not None else None
+    seconds = peer.fit(X, y, seed=seed, Z=Z, **train)
+    return peer.predict, float(np.mean(seconds)), len(seconds)
+
+
+def _scores(ds, mean: np.ndarray, var: np.ndarray) -> dict:
+    y = ds.y_test
+    levels, empirical = metrics.coverage_curve(y, mean, var, CALIBRATION_LEVELS)
+    return {
+        "rmse": metrics.rmse(y, mean),
+        "nlpd": metrics.nlpd(y, mean, var),
+        "coverage": metrics.coverage(y, mean, var, 0.95),
+        "calibration": {"levels": list(map(float, levels)), "empirical": list(map(float, empirical))},
+        "rmse_original": metrics.rmse(y, mean) * float(ds.y_std),
+    }
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"machine": f"{platform.system()} {platform.machine()}", "cpu": cpu, "cores": os.cpu_count()}
+
+
+def _context(device: str, dtype: str) -> dict:
+    try:
+        import gpytorch
+        gpytorch_version = gpytorch.__version__
+    except ImportError:
+        gpytorch_version = None
+    device_name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
+    return {"dtype": dtype, "device": device_name, "gpscale_version": __version__,
+            "torch_version": torch.__version__, "gpytorch_version": gpytorch_version, **machine_info(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_commit": _git_commit()}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _available(name: str, folder) -> bool:
+    if folder is None:
+        return False
+    try:
+        load_dataset(name, split=0, data_dir=folder)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _select(items, wanted, name_of, what):
+    if wanted is None:
+        return list(items)
+    known = {name_of(item): item for item in items}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise ValueError(f"Unknown {what}(s) {', '.join(unknown)} for this protocol; it has: {', '.join(known)}.")
+    return [known[w] for w in wanted]
+
+
+def _line(record: dict) -> str:
+    head = f"{record['method']:<16} {record['dataset']:<12} split {record['split']} seed {record['seed']}"
+    if record["status"] != "ok":
+        return f"{head}  FAILED  {record['error']}"
+    return (f"{head}  rmse {record['rmse']:.4f}  nlpd {record['nlpd']:.3f}  cov {record['coverage']:.3f}  "
+            f"{record['seconds_per_epoch']:.3f} s/epoch  train {record['train_seconds']:.1f} s  "
+            f"peak {record['peak_memory_mb'] or 0:.0f} MB")

@@ -1,0 +1,105 @@
+"""Benchmark results in SQLite: one row per run, appended; the schema is versioned.
+
+A run is identified by (protocol, protocol_version, method, options, dataset, split, seed); ``--resume`` skips
+the identities that already have a successful row.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+__all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
+
+SCHEMA_VERSION = 1
+
+# name -> SQLite type; the order is the table's column order
+COLUMNS: dict[str, str] = {
+    "protocol": "TEXT", "protocol_version": "INTEGER",
+    "method": "TEXT", "options": "TEXT",  # options: JSON, sorted keys
+    "dataset": "TEXT", "split": "INTEGER", "seed": "INTEGER",
+    "n_train": "INTEGER", "n_test": "INTEGER", "d": "INTEGER",
+    "status": "TEXT", "error": "TEXT",  # status: 'ok' or 'error'
+    "rmse": "REAL", "nlpd": "REAL", "coverage": "REAL",  # on standardised y; coverage of the central 95%
+    "calibration": "TEXT",  # JSON {"levels": [...], "empirical": [...]}
+    "rmse_original": "REAL",  # RMSE in the units of y
+    "train_seconds": "REAL", "seconds_per_epoch": "REAL", "predict_seconds": "REAL", "epochs": "INTEGER",
+    "peak_memory_mb": "REAL",
+    "dtype": "TEXT", "device": "TEXT",
+    "gpscale_version": "TEXT", "torch_version": "TEXT", "gpytorch_version": "TEXT",
+    "machine": "TEXT", "cpu": "TEXT", "cores": "INTEGER",
+    "date": "TEXT", "git_commit": "TEXT",
+}
+IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
+
+
+class ResultsStore:
+    """An SQLite file of runs. Creating it on a new path makes the table; an existing file must have the same
+    schema version."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(self._connect()) as db, db:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise ValueError(f"{self.path} has results schema {row[0]}, this gpscale writes {SCHEMA_VERSION}: "
+                                 "use a new results file.")
+            columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items())
+            db.execute(f"CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {columns})")
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path)
+            db.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+        except sqlite3.DatabaseError as err:
+            raise ValueError(f"{self.path} is not a gpscale results file ({err}).") from err
+        db.row_factory = sqlite3.Row
+        return db
+
+    def append(self, record: dict) -> None:
+        """Add one run; keys outside :data:`COLUMNS` are an error, missing ones are stored as NULL."""
+        unknown = set(record) - set(COLUMNS)
+        if unknown:
+            raise ValueError(f"Unknown result fields: {sorted(unknown)}")
+        values = [_encode(record.get(name)) for name in COLUMNS]
+        with closing(self._connect()) as db, db:
+            db.execute(f"INSERT INTO runs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})", values)
+
+    def runs(self, protocol: str | None = None) -> list[dict]:
+        """Every run (optionally of one protocol) in insertion order, JSON fields decoded."""
+        query, args = "SELECT * FROM runs", ()
+        if protocol is not None:
+            query, args = query + " WHERE protocol = ?", (protocol,)
+        with closing(self._connect()) as db:
+            rows = db.execute(query + " ORDER BY id", args).fetchall()
+        return [_decode(dict(row)) for row in rows]
+
+    def completed(self, protocol: str, version: int) -> set[tuple]:
+        """Identities of the successful runs of a protocol version."""
+        with closing(self._connect()) as db:
+            rows = db.execute(
+                f"SELECT {', '.join(IDENTITY)} FROM runs WHERE status = 'ok' AND protocol = ? AND protocol_version = ?",
+                (protocol, version)).fetchall()
+        return {tuple(row) for row in rows}
+
+
+def identity(record: dict) -> tuple:
+    return tuple(_encode(record[name]) for name in IDENTITY)
+
+
+def _encode(value):
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _decode(row: dict) -> dict:
+    for name in ("options", "calibration"):
+        if row.get(name):
+            row[name] = json.loads(row[name])
+    return row

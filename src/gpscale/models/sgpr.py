@@ -28,7 +28,8 @@ class SGPR(GPModel):
         n_inducing: number of inducing points m (k-means initialised).
         learn_inducing: optimise Z with the hyperparameters.
         jitter: added to the diagonal of Kuu (absolute, standardised units).
-        solver: ``'cholesky'`` (normal equations, fast) or ``'qr'`` (TSQR, stable for tiny noise).
+        solver: ``'cholesky'`` (whitened normal equations, fast; the default in float64) or ``'qr'`` (TSQR of
+            whitened features: stable for tiny noise and for float32).
         **kwargs: kernel, likelihood and chunking options of :class:`GPModel`.
     """
 
@@ -57,24 +58,27 @@ class SGPR(GPModel):
         """Cholesky factor of Kuu [m, m], float64."""
         return cholesky(self.Kuu().to(_linear.CORE), what="inducing covariance Kuu")
 
+    def Kuf(self, X: Tensor) -> Tensor:
+        """[m, c]"""
+        return self.kernel(self.Z, X)
+
     def features(self, Lu: Tensor):
         """``x -> phi(x) = (L^{-1} Kuf)^T`` [c, m] (computed in the data dtype)."""
 
         def phi(X: Tensor) -> Tensor:
-            return solve_lower(Lu.to(X.dtype), self.kernel(self.Z, X)).T
+            return solve_lower(Lu.to(X.dtype), self.Kuf(X)).T
 
         return phi
 
     def collapse(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> tuple[Tensor, _linear.Collapsed]:
         """Cholesky of Kuu and the collapsed posterior of the whitened inducing values."""
         Lu = self.Lu()
-        phi = self.features(Lu)
         if self.solver == "qr":
-            post = _linear.collapse_qr(phi, X, y, self.noise, chunk_size=self.chunk_size,
+            post = _linear.collapse_qr(self.features(Lu), X, y, self.noise, chunk_size=self.chunk_size,
                                        prior_diag=self.kernel.diag, comm=comm)
         else:
-            stats = _linear.accumulate(phi, X, y, chunk_size=self.chunk_size, prior_diag=self.kernel.diag,
-                                       comm=comm)
+            stats = _linear.accumulate(lambda Xc: self.Kuf(Xc).T, X, y, chunk_size=self.chunk_size,
+                                       prior_diag=self.kernel.diag, whiten=Lu, comm=comm)
             post = _linear.collapse_cholesky(stats, self.noise)
         return Lu, post
 

@@ -1,0 +1,323 @@
+"""Benchmark reports: summaries of the stored runs, markdown tables beside the published numbers, PNG plots.
+
+Means and standard deviations are over the successful runs of a (protocol, dataset, method) group, i.e. over
+its splits and seeds; the standard deviation is the sample one (``ddof=1``), 0 for a single run. Speed is
+compared with the GPyTorch peer of the same method (``sgpr`` with ``gpytorch-sgpr``, ...) as the ratio of
+seconds per epoch measured in the same benchmark run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .protocols import PROTOCOLS
+from .store import ResultsStore
+
+__all__ = ["METRICS", "summarise", "time_ratio", "markdown_table", "write_report", "print_table"]
+
+METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb")
+PEER_PREFIX = "gpytorch-"
+DASH = "–"
+ENVIRONMENT = ("machine", "cpu", "cores", "device", "dtype", "git_commit")
+PLOTS = {"accuracy.png": "Accuracy", "pareto.png": "Accuracy against training time",
+         "calibration.png": "Calibration"}
+
+
+# --- summaries -------------------------------------------------------------------------------------------------
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """One row per (protocol, dataset, method) of the successful runs, in order of first appearance.
+
+    A row has ``protocol``, ``dataset``, ``method``, ``n_splits`` (the number of runs), ``<metric>_mean`` and
+    ``<metric>_std`` for each of :data:`METRICS` (``None`` when no run has the metric), ``calibration`` (the
+    empirical coverages averaged over the runs, or ``None``) and ``published`` (the paper's numbers from the
+    protocol registry; empty for an unknown protocol).
+    """
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for run in runs:
+        if run.get("status") == "ok":
+            groups.setdefault((run["protocol"], run["dataset"], run["method"]), []).append(run)
+    return [_summarise_group(key, group) for key, group in groups.items()]
+
+
+def _summarise_group(key: tuple[str, str, str], group: list[dict]) -> dict:
+    protocol, dataset, method = key
+    row = dict(protocol=protocol, dataset=dataset, method=method, n_splits=len(group))
+    for metric in METRICS:
+        row[f"{metric}_mean"], row[f"{metric}_std"] = _mean_std([run.get(metric) for run in group])
+    row["calibration"] = _mean_calibration(group)
+    known = PROTOCOLS.get(protocol)
+    row["published"] = dict(known.published.get((method, dataset), {})) if known else {}
+    return row
+
+
+def _mean_std(values: list) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation of the values that are not missing (std 0 for one value)."""
+    present = np.array([v for v in values if v is not None], dtype=float)
+    if present.size == 0:
+        return None, None
+    std = float(np.std(present, ddof=1)) if present.size > 1 else 0.0
+    return float(np.mean(present)), std
+
+
+def _mean_calibration(group: list[dict]) -> dict | None:
+    """The empirical coverages averaged over the runs with the same nominal levels as the first one."""
+    curves = [run["calibration"] for run in group if run.get("calibration")]
+    if not curves:
+        return None
+    levels = curves[0]["levels"]
+    empirical = [c["empirical"] for c in curves if c["levels"] == levels]
+    return {"levels": list(levels), "empirical": np.mean(np.array(empirical, dtype=float), axis=0).tolist()}
+
+
+def time_ratio(rows: list[dict], row: dict) -> float | None:
+    """Seconds per epoch of ``row`` over those of its GPyTorch peer (same protocol and dataset), or ``None``
+    when the row is itself a peer, the peer did not run, or a time is missing."""
+    if row["method"].startswith(PEER_PREFIX):
+        return None
+    peer = next((r for r in rows if r["protocol"] == row["protocol"] and r["dataset"] == row["dataset"]
+                 and r["method"] == PEER_PREFIX + row["method"]), None)
+    if peer is None or not row["seconds_per_epoch_mean"] or not peer["seconds_per_epoch_mean"]:
+        return None
+    return row["seconds_per_epoch_mean"] / peer["seconds_per_epoch_mean"]
+
+
+# --- formatting ------------------------------------------------------------------------------------------------
+
+def _number(value: float | None) -> str:
+    """Four significant digits, whole numbers from 1000 on; a dash when missing."""
+    if value is None:
+        return DASH
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _mean_pm_std(row: dict, metric: str) -> str:
+    """``mean ± std``, or just the mean for a single run."""
+    mean, std = row[f"{metric}_mean"], row[f"{metric}_std"]
+    if mean is None or row["n_splits"] == 1:
+        return _number(mean)
+    return f"{_number(mean)} ± {_number(std)}"
+
+
+def _ratio(value: float | None) -> str:
+    return DASH if value is None else f"{value:.3g}×"
+
+
+def _best(rows: list[dict], metric: str) -> float | None:
+    means = [r[f"{metric}_mean"] for r in rows if r[f"{metric}_mean"] is not None]
+    return min(means) if means else None
+
+
+def _bold_if(text: str, condition: bool) -> str:
+    return f"**{text}**" if condition else text
+
+
+# --- markdown --------------------------------------------------------------------------------------------------
+
+TABLE_HEADER = ("method", "RMSE", "NLPD", "95% cov.", "train s", "s/epoch", "time vs GPyTorch", "peak MB",
+                "paper RMSE", "paper NLPD")
+
+
+def markdown_table(summary_rows: list[dict], dataset: str) -> str:
+    """A markdown table of the rows of one dataset (of one protocol): ``mean ± std`` of each metric, the lowest
+    mean RMSE and NLPD in bold, the s/epoch ratio to the GPyTorch peer, and the paper's RMSE and NLPD."""
+    rows = [r for r in summary_rows if r["dataset"] == dataset]
+    best = {metric: _best(rows, metric) for metric in ("rmse", "nlpd")}
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    for row in rows:
+        accuracy = [_bold_if(_mean_pm_std(row, m), row[f"{m}_mean"] is not None and row[f"{m}_mean"] == best[m])
+                    for m in ("rmse", "nlpd")]
+        cells = [row["method"], *accuracy, _mean_pm_std(row, "coverage"), _mean_pm_std(row, "train_seconds"),
+                 _mean_pm_std(row, "seconds_per_epoch"), _ratio(time_ratio(summary_rows, row)),
+                 _mean_pm_std(row, "peak_memory_mb"), _number(row["published"].get("rmse")),
+                 _number(row["published"].get("nlpd"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _unique(values) -> list:
+    """The distinct non-missing values in order of first appearance."""
+    return list(dict.fromkeys(v for v in values if v is not None and v != ""))
+
+
+def _environment(runs: list[dict]) -> list[str]:
+    """Markdown bullet lines for the machine, software and dates the runs were made with."""
+    lines = [f"- {name}: {', '.join(map(str, _unique(r.get(name) for r in runs)))}"
+             for name in ENVIRONMENT if _unique(r.get(name) for r in runs)]
+    dates = sorted(_unique(r.get("date") for r in runs))
+    if dates:
+        lines.append(f"- date: {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else ""))
+    version_fields = sorted({k for r in runs for k in r if k.endswith("_version") and k != "protocol_version"})
+    versions = [f"{k[:-len('_version')]} {', '.join(map(str, _unique(r.get(k) for r in runs)))}"
+                for k in version_fields if _unique(r.get(k) for r in runs)]
+    if versions:
+        lines.append(f"- versions: {'; '.join(versions)}")
+    return lines
+
+
+def _protocol_section(name: str, runs: list[dict], summary: list[dict]) -> list[str]:
+    """The heading, description and one table per dataset of one protocol."""
+    known = PROTOCOLS.get(name)
+    versions = ", ".join(str(v) for v in _unique(r.get("protocol_version") for r in runs))
+    lines = [f"## Protocol `{name}` (version {versions})", ""]
+    if known is not None:
+        lines += [known.description, ""]
+        if known.source:
+            lines += [f"Published numbers: {known.source}", ""]
+    rows = [r for r in summary if r["protocol"] == name]
+    datasets = _unique(r["dataset"] for r in rows)
+    if not datasets:
+        lines += ["No successful runs.", ""]
+    for dataset in datasets:
+        lines += [f"### {dataset}", "", markdown_table(rows, dataset), ""]
+    return lines
+
+
+def _failures(runs: list[dict]) -> list[str]:
+    """A bullet per failed run with its error message."""
+    failed = [r for r in runs if r.get("status") != "ok"]
+    if not failed:
+        return ["None."]
+    return [f"- `{r['protocol']}` / {r['dataset']} / {r['method']}, split {r.get('split')}, seed {r.get('seed')}: "
+            f"{(r.get('error') or 'unknown error').strip()}" for r in failed]
+
+
+def _markdown(runs: list[dict], summary: list[dict]) -> str:
+    lines = ["# gpscale benchmark report", "", "Means ± standard deviations over splits and seeds; the lowest "
+             "mean RMSE and NLPD in bold; *time vs GPyTorch* is the ratio of seconds per epoch to the GPyTorch "
+             "peer's, measured in the same run.", "", "## Environment", "", *_environment(runs), ""]
+    for name in _unique(r["protocol"] for r in runs):
+        lines += _protocol_section(name, [r for r in runs if r["protocol"] == name], summary)
+    lines += ["## Plots", ""] + [line for file, title in PLOTS.items() for line in (f"![{title}]({file})", "")]
+    lines += ["## Failed runs", "", *_failures(runs), ""]
+    return "\n".join(lines)
+
+
+# --- plots -----------------------------------------------------------------------------------------------------
+
+def _labels(summary: list[dict]) -> dict[int, str]:
+    """Plot label of each row (by index): the method, prefixed by the protocol when there are several."""
+    several = len(_unique(r["protocol"] for r in summary)) > 1
+    return {i: f"{r['protocol']}/{r['method']}" if several else r["method"] for i, r in enumerate(summary)}
+
+
+def _by_dataset(summary: list[dict]) -> dict[str, list[tuple[int, dict]]]:
+    datasets: dict[str, list[tuple[int, dict]]] = {}
+    for i, row in enumerate(summary):
+        datasets.setdefault(row["dataset"], []).append((i, row))
+    return datasets
+
+
+def _styles(labels: dict[int, str]) -> dict[str, dict]:
+    """A colour and marker per label, the same in every plot."""
+    markers = "osD^v<>pPX*h"
+    return {label: dict(color=f"C{k % 10}", marker=markers[k % len(markers)])
+            for k, label in enumerate(_unique(labels.values()))}
+
+
+def _plot_accuracy(plt, summary: list[dict], path: Path) -> None:
+    """Grouped bars of mean RMSE (top) and NLPD (bottom) per dataset and method, with std error bars."""
+    labels, datasets = _labels(summary), _by_dataset(summary)
+    styles, names = _styles(labels), list(datasets)
+    width = 0.8 / max(len(styles), 1)
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(names) + 3), 7), squeeze=False)
+    for ax, metric, title in zip(axes[:, 0], ("rmse", "nlpd"), ("RMSE", "NLPD")):
+        for k, label in enumerate(styles):
+            points = [(x, row) for x, name in enumerate(names) for i, row in datasets[name]
+                      if labels[i] == label and row[f"{metric}_mean"] is not None]
+            if points:
+                ax.bar([x - 0.4 + (k + 0.5) * width for x, _ in points], [r[f"{metric}_mean"] for _, r in points],
+                       width, yerr=[r[f"{metric}_std"] for _, r in points], capsize=3, label=label,
+                       color=styles[label]["color"])
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel(title)
+        ax.axhline(0, color="black", linewidth=0.5)
+    axes[0, 0].legend(fontsize="small", ncol=2)
+    _save(plt, fig, path)
+
+
+def _plot_pareto(plt, summary: list[dict], path: Path) -> None:
+    """Mean RMSE against mean training seconds (log scale), one panel per dataset, one marker per method."""
+    from matplotlib.ticker import FuncFormatter, LogFormatter
+
+    labels, datasets = _labels(summary), _by_dataset(summary)
+    styles = _styles(labels)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4 * len(datasets) + 1, 3.8), squeeze=False)
+    for ax, (name, rows) in zip(axes[0], datasets.items()):
+        for i, row in rows:
+            if row["rmse_mean"] is not None and row["train_seconds_mean"]:
+                ax.plot(row["train_seconds_mean"], row["rmse_mean"], linestyle="none", label=labels[i],
+                        **styles[labels[i]])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda seconds, _: f"{seconds:g}"))  # 0.1, 1, 10 (not 10^1)
+        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labelled on short ranges only
+        ax.set(title=name, xlabel="training seconds", ylabel="RMSE")
+        ax.legend(fontsize="small")
+    _save(plt, fig, path)
+
+
+def _plot_calibration(plt, summary: list[dict], path: Path) -> None:
+    """Empirical against nominal coverage of the central intervals, one panel per dataset, with the diagonal."""
+    labels, datasets = _labels(summary), _by_dataset(summary)
+    styles = _styles(labels)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4 * len(datasets) + 1, 4), squeeze=False)
+    for ax, (name, rows) in zip(axes[0], datasets.items()):
+        ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
+        for i, row in rows:
+            if row["calibration"]:
+                ax.plot(row["calibration"]["levels"], row["calibration"]["empirical"], label=labels[i],
+                        markersize=4, **styles[labels[i]])
+        ax.set(title=name, xlabel="nominal coverage", ylabel="empirical coverage", xlim=(0, 1), ylim=(0, 1))
+        ax.set_aspect("equal")
+        ax.legend(fontsize="small")
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _write_plots(summary: list[dict], out_dir: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for file, plot in zip(PLOTS, (_plot_accuracy, _plot_pareto, _plot_calibration)):
+        plot(plt, summary, out_dir / file)
+
+
+# --- entry points ----------------------------------------------------------------------------------------------
+
+def write_report(store_path: str | Path, out_dir: str | Path, protocol: str | None = None) -> Path:
+    """Write ``report.md`` and the plots ``accuracy.png``, ``pareto.png`` and ``calibration.png`` into
+    ``out_dir`` from the runs in the results file (optionally of one protocol); returns the report's path."""
+    store_path, out_dir = Path(store_path), Path(out_dir)
+    if not store_path.is_file():
+        raise ValueError(f"No results file at {store_path}.")
+    runs = ResultsStore(store_path).runs(protocol)
+    if not runs:
+        raise ValueError(f"{store_path} has no runs" + (f" of protocol {protocol!r}." if protocol else "."))
+    summary = summarise(runs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_plots(summary, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(_markdown(runs, summary), encoding="utf-8")
+    return report
+
+
+def print_table(runs: list[dict]) -> str:
+    """A compact plain-text table of the mean metrics, one line per dataset and method, for the terminal."""
+    summary = summarise(runs)
+    labels = _labels(summary)
+    header = ("dataset", "method", "RMSE", "NLPD", "cov", "s/epoch", "train s", "vs GPyTorch")
+    table = [header] + [
+        (row["dataset"], labels[i], _number(row["rmse_mean"]), _number(row["nlpd_mean"]),
+         _number(row["coverage_mean"]), _number(row["seconds_per_epoch_mean"]), _number(row["train_seconds_mean"]),
+         _ratio(time_ratio(summary, row)))
+        for rows in _by_dataset(summary).values() for i, row in rows]
+    widths = [max(len(line[k]) for line in table) for k in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) if k < 2 else cell.rjust(w) for k, (cell, w)
+                               in enumerate(zip(line, widths))).rstrip() for line in table)

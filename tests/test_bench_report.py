@@ -1,0 +1,211 @@
+"""The benchmark report: numbers in the tables equal the stored runs, bold best values, GPyTorch time ratios,
+failed runs, published numbers, and valid PNG plots."""
+import re
+
+import numpy as np
+import pytest
+
+from gpscale.bench.protocols import PROTOCOLS, MethodSpec, Protocol, register_protocol
+from gpscale.bench.report import markdown_table, print_table, summarise, write_report
+from gpscale.bench.store import ResultsStore
+
+PROTOCOL = "test-report"
+PUBLISHED = {("sgpr", "pol"): {"rmse": 0.1234, "nlpd": -0.567}}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+METHODS = ("sgpr", "gpytorch-sgpr", "svgp")
+LEVELS = [0.1, 0.5, 0.9]
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    register_protocol(Protocol(name=PROTOCOL, version=3, description="A protocol made by a test.",
+                               methods=tuple(MethodSpec(m) for m in METHODS), datasets={"pol": None, "elevators": None},
+                               published=PUBLISHED, source="Test et al. (2024), Table 1"))
+    yield PROTOCOL
+    PROTOCOLS.pop(PROTOCOL)
+
+
+def record(method, dataset, split, rng, **fields):
+    """A successful run with random metrics, as the runner would write it."""
+    return dict(protocol=PROTOCOL, protocol_version=3, method=method, options={"epochs": 5}, dataset=dataset,
+                split=split, seed=0, n_train=900, n_test=100, d=4, status="ok", error=None,
+                rmse=float(rng.uniform(0.1, 0.5)), nlpd=float(rng.uniform(-1, 1)), coverage=float(rng.uniform(0.9, 1)),
+                calibration={"levels": LEVELS, "empirical": sorted(rng.uniform(0, 1, 3).tolist())},
+                rmse_original=1.0, train_seconds=float(rng.uniform(1, 100)),
+                seconds_per_epoch=float(rng.uniform(0.1, 2)), predict_seconds=0.1, epochs=5,
+                peak_memory_mb=float(rng.uniform(10, 500)), dtype="float64", device="cpu",
+                gpscale_version="0.1.0", torch_version="2.3.0", gpytorch_version="1.11", machine="testbox",
+                cpu="Test CPU", cores=2, date=f"2024-05-0{split + 1}T10:00:00", git_commit="abc1234", **fields)
+
+
+@pytest.fixture(scope="module")
+def runs(protocol):
+    """Two datasets x three methods x two splits; svgp's second split on elevators failed."""
+    rng = np.random.default_rng(0)
+    runs = [record(m, ds, split, rng) for ds in ("pol", "elevators") for m in METHODS for split in (0, 1)]
+    failed = next(r for r in runs if (r["method"], r["dataset"], r["split"]) == ("svgp", "elevators", 1))
+    failed.update(status="error", error="Cholesky failed: matrix not positive definite", rmse=None, nlpd=None,
+                  coverage=None, calibration=None, train_seconds=None, seconds_per_epoch=None, peak_memory_mb=None)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, runs):
+    path = tmp_path_factory.mktemp("store") / "results.sqlite"
+    results = ResultsStore(path)
+    for run in runs:
+        results.append(run)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(store, tmp_path_factory):
+    """The report of the store's protocol, written once for the tests that read it."""
+    return write_report(store, tmp_path_factory.mktemp("report") / "out", protocol=PROTOCOL)
+
+
+def ok_values(runs, dataset, method, metric):
+    return np.array([r[metric] for r in runs if (r["dataset"], r["method"], r["status"]) == (dataset, method, "ok")])
+
+
+def parse_tables(markdown):
+    """{dataset: {method: {column: cell}}} from the report's ``### dataset`` tables."""
+    tables = {}
+    for dataset, body in re.findall(r"^### (\S+)\n\n((?:\|.*\n)+)", markdown, flags=re.M):
+        lines = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in body.strip().splitlines()]
+        header, rows = lines[0], lines[2:]
+        tables[dataset] = {row[0]: dict(zip(header, row)) for row in rows}
+    return tables
+
+
+def parse_cell(cell):
+    """(mean, std or None, bold) of a ``mean ± std`` cell."""
+    bold = cell.startswith("**") and cell.endswith("**")
+    parts = cell.strip("*").split(" ± ")
+    return float(parts[0]), (float(parts[1]) if len(parts) > 1 else None), bold
+
+
+def test_summarise_means_stds_and_published(runs):
+    rows = {(r["dataset"], r["method"]): r for r in summarise(runs)}
+    assert len(rows) == 6
+    sgpr = rows[("pol", "sgpr")]
+    values = ok_values(runs, "pol", "sgpr", "rmse")
+    assert sgpr["n_splits"] == 2
+    assert sgpr["rmse_mean"] == pytest.approx(values.mean())
+    assert sgpr["rmse_std"] == pytest.approx(values.std(ddof=1))
+    assert sgpr["published"] == PUBLISHED[("sgpr", "pol")]
+    assert rows[("pol", "svgp")]["published"] == {}
+    single = rows[("elevators", "svgp")]
+    assert single["n_splits"] == 1 and single["nlpd_std"] == 0.0
+    curves = [r["calibration"]["empirical"] for r in runs
+              if (r["dataset"], r["method"]) == ("pol", "svgp") and r["status"] == "ok"]
+    assert sgpr["calibration"]["levels"] == LEVELS
+    assert rows[("pol", "svgp")]["calibration"]["empirical"] == pytest.approx(np.mean(curves, axis=0))
+
+
+def test_summarise_tolerates_unknown_protocol(runs):
+    rows = summarise([dict(r, protocol="not-registered") for r in runs])
+    assert all(r["published"] == {} for r in rows)
+
+
+def test_report_numbers_equal_the_stored_runs(report, runs):
+    assert report.name == "report.md"
+    tables = parse_tables(report.read_text(encoding="utf-8"))
+    assert set(tables) == {"pol", "elevators"}
+    columns = {"RMSE": "rmse", "NLPD": "nlpd", "95% cov.": "coverage", "train s": "train_seconds",
+               "s/epoch": "seconds_per_epoch", "peak MB": "peak_memory_mb"}
+    for dataset, table in tables.items():
+        assert set(table) == set(METHODS)
+        for method, cells in table.items():
+            for column, metric in columns.items():
+                values = ok_values(runs, dataset, method, metric)
+                mean, std, _ = parse_cell(cells[column])
+                assert mean == pytest.approx(values.mean(), rel=1e-3), (dataset, method, column)
+                if len(values) == 1:
+                    assert std is None
+                else:
+                    assert std == pytest.approx(values.std(ddof=1), rel=1e-3, abs=1e-9)
+
+
+def test_report_bolds_the_best_rmse_and_nlpd(report, runs):
+    tables = parse_tables(report.read_text(encoding="utf-8"))
+    for dataset, table in tables.items():
+        for column, metric in (("RMSE", "rmse"), ("NLPD", "nlpd")):
+            best = min(METHODS, key=lambda m: ok_values(runs, dataset, m, metric).mean())
+            bold = {m for m, cells in table.items() if parse_cell(cells[column])[2]}
+            assert bold == {best}, (dataset, column)
+        assert not any(parse_cell(cells["95% cov."])[2] for cells in table.values())
+
+
+def test_report_time_ratio_against_gpytorch(report, runs):
+    tables = parse_tables(report.read_text(encoding="utf-8"))
+    for dataset, table in tables.items():
+        expected = (ok_values(runs, dataset, "sgpr", "seconds_per_epoch").mean()
+                    / ok_values(runs, dataset, "gpytorch-sgpr", "seconds_per_epoch").mean())
+        assert float(table["sgpr"]["time vs GPyTorch"].rstrip("×")) == pytest.approx(expected, rel=5e-3)
+        assert table["svgp"]["time vs GPyTorch"] == "–"  # no gpytorch-svgp ran
+        assert table["gpytorch-sgpr"]["time vs GPyTorch"] == "–"
+
+
+def test_report_paper_numbers_failures_and_context(report):
+    text = report.read_text(encoding="utf-8")
+    table = parse_tables(text)["pol"]
+    assert float(table["sgpr"]["paper RMSE"]) == PUBLISHED[("sgpr", "pol")]["rmse"]
+    assert float(table["sgpr"]["paper NLPD"]) == PUBLISHED[("sgpr", "pol")]["nlpd"]
+    assert table["svgp"]["paper RMSE"] == "–"
+    failures = text.split("## Failed runs")[1]
+    assert "elevators / svgp, split 1" in failures
+    assert "Cholesky failed: matrix not positive definite" in failures
+    for expected in ("A protocol made by a test.", "Test et al. (2024), Table 1", "testbox", "Test CPU", "float64",
+                     "abc1234", "torch 2.3.0", "2024-05-01T10:00:00 to 2024-05-02T10:00:00"):
+        assert expected in text, expected
+    for plot in ("accuracy.png", "pareto.png", "calibration.png"):
+        assert f"]({plot})" in text
+
+
+def test_report_writes_valid_pngs(report):
+    for plot in ("accuracy.png", "pareto.png", "calibration.png"):
+        data = (report.parent / plot).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE), plot
+
+
+def test_report_with_one_method_and_only_failures(tmp_path, protocol):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "one.sqlite"
+    results = ResultsStore(path)
+    results.append(record("sgpr", "pol", 0, rng))
+    results.append(dict(record("svgp", "kin40k", 0, rng), status="error", error="out of memory", rmse=None))
+    text = write_report(path, tmp_path / "out").read_text(encoding="utf-8")
+    table = parse_tables(text)["pol"]
+    assert list(table) == ["sgpr"] and parse_cell(table["sgpr"]["RMSE"])[1:] == (None, True)
+    assert "kin40k / svgp, split 0, seed 0: out of memory" in text
+    assert all((tmp_path / "out" / p).read_bytes().startswith(PNG_SIGNATURE)
+               for p in ("accuracy.png", "pareto.png", "calibration.png"))
+
+
+def test_report_rejects_a_missing_or_empty_store(tmp_path):
+    with pytest.raises(ValueError, match="No results file"):
+        write_report(tmp_path / "missing.sqlite", tmp_path)
+    ResultsStore(tmp_path / "empty.sqlite")
+    with pytest.raises(ValueError, match="no runs"):
+        write_report(tmp_path / "empty.sqlite", tmp_path)
+
+
+def test_markdown_table_single_dataset(runs):
+    table = markdown_table(summarise(runs), "elevators")
+    lines = table.splitlines()
+    assert lines[0].startswith("| method | RMSE | NLPD | 95% cov. | train s | s/epoch | time vs GPyTorch |")
+    assert len(lines) == 2 + 3 and all("pol" not in line for line in lines)
+
+
+def test_print_table(runs):
+    text = print_table(runs)
+    lines = text.splitlines()
+    assert len(lines) == 1 + 6
+    assert lines[0].split()[:3] == ["dataset", "method", "RMSE"]
+    sgpr = next(line for line in lines if line.split()[:2] == ["pol", "sgpr"])
+    expected_rmse = ok_values(runs, "pol", "sgpr", "rmse").mean()
+    assert float(sgpr.split()[2]) == pytest.approx(expected_rmse, rel=1e-3)
+    ratio = (ok_values(runs, "pol", "sgpr", "seconds_per_epoch").mean()
+             / ok_values(runs, "pol", "gpytorch-sgpr", "seconds_per_epoch").mean())
+    assert float(sgpr.split()[-1].rstrip("×")) == pytest.approx(ratio, rel=5e-3)

@@ -64,3 +64,16 @@ def test_qr_lstsq_is_accurate_where_normal_equations_fail():
     x_true = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
     x = qr_lstsq(A, A @ x_true)
     assert torch.allclose(x, x_true, rtol=1e-5)
+
+
+def test_gaussian_log_likelihood_value_and_closed_form_gradient():
+    from torch.distributions import MultivariateNormal
+
+    from gpscale.linalg import gaussian_log_likelihood
+
+    K = spd(6, seed=2).requires_grad_()
+    y = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(gaussian_log_likelihood(K, y),
+                               MultivariateNormal(torch.zeros(6, dtype=torch.float64), K).log_prob(y))
+    # symmetric perturbations only: K lives on the symmetric matrices
+    assert torch.autograd.gradcheck(lambda A, b: gaussian_log_likelihood((A + A.T) / 2, b), (K, y))

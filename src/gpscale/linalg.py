@@ -7,6 +7,7 @@ which gives the same R as one QR of the stacked rows while holding only one chun
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Iterable
 
@@ -21,6 +22,7 @@ __all__ = [
     "solve_upper",
     "cho_solve",
     "logdet_from_cholesky",
+    "gaussian_log_likelihood",
     "qr_r",
     "qr_lstsq",
     "StreamingQR",
@@ -89,6 +91,32 @@ def cho_solve(L: Tensor, B: Tensor) -> Tensor:
 def logdet_from_cholesky(L: Tensor) -> Tensor:
     """``log |A|`` from the Cholesky factor of ``A`` (any triangular factor with ``|A| = prod(diag)^2``)."""
     return 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
+
+
+class _GaussianLogLikelihood(torch.autograd.Function):
+    """``log N(y | 0, K)`` with the closed-form gradient ``dK = 1/2 (alpha alpha^T - K^{-1})``, ``dy = -alpha``.
+
+    Autograd through the Cholesky factorisation costs several n^3 triangular solves; the closed form needs one
+    ``cholesky_inverse``, so an exact-GP step costs about half as much.
+    """
+
+    @staticmethod
+    def forward(ctx, K: Tensor, y: Tensor, what: str) -> Tensor:
+        L = cholesky(K, what=what)
+        alpha = cho_solve(L, y.unsqueeze(-1)).squeeze(-1)  # K^{-1} y
+        ctx.save_for_backward(L, alpha)
+        return -0.5 * (y @ alpha) - 0.5 * logdet_from_cholesky(L) - 0.5 * y.shape[0] * math.log(2 * math.pi)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        L, alpha = ctx.saved_tensors
+        dK = 0.5 * grad * (torch.outer(alpha, alpha) - torch.cholesky_inverse(L))
+        return dK, -grad * alpha, None
+
+
+def gaussian_log_likelihood(K: Tensor, y: Tensor, what: str = "covariance") -> Tensor:
+    """``log N(y | 0, K)`` for K [n, n] symmetric positive definite and y [n], differentiable in both."""
+    return _GaussianLogLikelihood.apply(K, y, what)
 
 
 def qr_r(A: Tensor) -> Tensor:

@@ -61,8 +61,9 @@ class Stationary(Kernel):
         """``||(x - x')/l||^2`` [n1, n2], by the Gram expansion (one matmul), clamped at 0 against round-off."""
         ls = self.lengthscale.to(X1.dtype)
         A, B = X1 / ls, X2 / ls
-        sq = (A * A).sum(-1, keepdim=True) - 2.0 * A @ B.transpose(-2, -1) + (B * B).sum(-1).unsqueeze(-2)
-        return sq.clamp_min_(0.0)
+        # one n1 x n2 buffer: addmm writes |a|^2 - 2 a.b, then |b|^2 is added in place
+        sq = torch.addmm((A * A).sum(-1, keepdim=True), A, B.transpose(-2, -1), alpha=-2.0)
+        return sq.add_((B * B).sum(-1).unsqueeze(-2)).clamp_min_(0.0)
 
     def profile(self, sq_dist: Tensor) -> Tensor:  # pragma: no cover - interface
         """``g`` as a function of the squared scaled distance, with ``g(0) = 1``."""

@@ -77,8 +77,9 @@ class VariationalGP(GPModel):
         eye = torch.eye(Kuu.shape[0], dtype=CORE, device=Kuu.device)
         return cholesky(Kuu + self.jitter * eye, what="inducing covariance Kuu")
 
-    def prior_kl(self) -> Tensor:
-        return gauss_kl_whitened(self.q_mu.to(CORE), self.q_sqrt.to(CORE))
+    def prior_kl(self, q_sqrt: Tensor | None = None) -> Tensor:
+        q_sqrt = self.q_sqrt if q_sqrt is None else q_sqrt
+        return gauss_kl_whitened(self.q_mu.to(CORE), q_sqrt.to(CORE))
 
     def conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance [c] of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)."""
@@ -91,9 +92,10 @@ class VariationalGP(GPModel):
 
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points."""
-        mean, var = self.conditional(X, self.Lu(), self.q_mu, self.q_sqrt)
+        q_sqrt = self.q_sqrt
+        mean, var = self.conditional(X, self.Lu(), self.q_mu, q_sqrt)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()
-        return (num_data / X.shape[0]) * expected.to(CORE) - self.prior_kl()
+        return (num_data / X.shape[0]) * expected.to(CORE) - self.prior_kl(q_sqrt)
 
     def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         return -self.elbo(X, y, num_data) / num_data

@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
+from .kernels import SOFTPLUS_ZERO
 from .io import ModelFileError, read_model_file, write_model_file
 from .models import get_model_class
 from .models.base import GPModel
@@ -35,7 +36,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         Inducing points (or basis functions) for methods that have them; capped at n.
     epochs, batch_size, lr : training length, minibatch size (minibatch methods) and Adam learning rate.
     kernel : {"rbf", "matern12", "matern32", "matern52"}, default="rbf"
-    noise : float, default=0.1
+    noise : float, default=ln 2 (0.693, as GPyTorch)
         Initial noise variance of standardised y (fixed if ``learn_noise=False``).
     learn_noise : bool, default=True
     val_fraction : float, default=0.0
@@ -58,7 +59,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, kernel="rbf",
-                 noise=0.1, learn_noise=True, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
+                 noise=SOFTPLUS_ZERO, learn_noise=True, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
                  progress=True, **method_options):
         self.method = method
         self.n_inducing = n_inducing

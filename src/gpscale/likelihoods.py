@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
-from .kernels.stationary import inverse_softplus
+from .kernels.stationary import SOFTPLUS_ZERO, inverse_softplus
 
 __all__ = ["Gaussian"]
 
@@ -24,7 +24,7 @@ class Gaussian(nn.Module):
             ``K + sigma^2 I`` well conditioned. Ignored when the noise is fixed.
     """
 
-    def __init__(self, noise: float = 0.1, learn_noise: bool = True, noise_floor: float = 1e-6):
+    def __init__(self, noise: float = SOFTPLUS_ZERO, learn_noise: bool = True, noise_floor: float = 1e-6):
         super().__init__()
         if noise <= 0:
             raise ValueError(f"noise must be positive, got {noise}.")

@@ -35,10 +35,12 @@ identical parameters. Three GPyTorch conventions differ from ours and are *not* 
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 try:
     import gpytorch
@@ -202,7 +204,7 @@ class PeerModel:
             return self._mll(num_data)(self.model(X), y) * num_data
 
     def fit(self, X: Tensor, y: Tensor, *, epochs: int, lr: float, batch_size: int | None = None, seed: int = 0,
-            Z: Tensor | None = None) -> list[float]:
+            Z: Tensor | None = None, progress: bool = False) -> list[float]:
         """Train with Adam from the current parameters; returns the wall-clock seconds of each epoch.
 
         Args:
@@ -210,6 +212,7 @@ class PeerModel:
             batch_size: SVGP minibatch size (default 1024); ignored by full-batch peers.
             seed: seeds the per-epoch reshuffles (and k-means when ``Z`` is not given).
             Z: initial inducing points [m, d]; default: :func:`gpscale.models.inducing.kmeans_centers`, as ours.
+            progress: a tqdm bar with the loss (only when stderr is a terminal).
         """
         X, y = self._as(X, y)
         n = X.shape[0]
@@ -229,7 +232,9 @@ class PeerModel:
         self.history = []
         seconds = []
         with self.settings():
-            for epoch in range(int(epochs)):
+            bar = tqdm(range(int(epochs)), desc=self.name, unit="epoch", leave=False,
+                       disable=not (progress and sys.stderr.isatty()))
+            for epoch in bar:
                 tic = time.perf_counter()
                 self._train_mode()
                 if self.full_batch:
@@ -248,6 +253,8 @@ class PeerModel:
                 elapsed = time.perf_counter() - tic
                 seconds.append(elapsed)
                 self.history.append({"epoch": epoch, "loss": total / n, "seconds": elapsed})
+                bar.set_postfix(loss=f"{total / n:.4g}")
+            bar.close()
         self.model.eval()
         self.likelihood.eval()
         return seconds

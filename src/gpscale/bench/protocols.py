@@ -70,7 +70,7 @@ SVGP_PAPER = dict(n_inducing=1024, epochs=50, batch_size=1024, lr=0.01)
 
 register_protocol(Protocol(
     name="baselines",
-    version=1,
+    version=2,  # v2: hyperparameters start at softplus(0), as GPyTorch's
     description="SGPR (m=512, 50 full-batch Adam steps, lr 0.1) and SVGP (m=1024, 50 epochs, batch 1024, "
                 "lr 0.01), ours beside GPyTorch's, on pol and elevators.",
     methods=(
@@ -89,7 +89,7 @@ QUICK_EXACT = dict(epochs=50, lr=0.1)
 
 register_protocol(Protocol(
     name="quick",
-    version=1,
+    version=2,  # v2: hyperparameters start at softplus(0), as GPyTorch's
     description="Every implemented method and the GPyTorch peers, with short training, on generated Friedman #1 "
                 "(n = 40,000, d = 10) and, when the data folder is there, two small UCI sets.",
     methods=(

@@ -239,7 +239,7 @@ def _plot_accuracy(plt, summary: list[dict], path: Path) -> None:
 
 def _plot_pareto(plt, summary: list[dict], path: Path) -> None:
     """Mean RMSE against mean training seconds (log scale), one panel per dataset, one marker per method."""
-    from matplotlib.ticker import FuncFormatter, LogFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     labels, datasets = _labels(summary), _by_dataset(summary)
     styles = _styles(labels)
@@ -251,7 +251,7 @@ def _plot_pareto(plt, summary: list[dict], path: Path) -> None:
                         **styles[labels[i]])
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda seconds, _: f"{seconds:g}"))  # 0.1, 1, 10 (not 10^1)
-        ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))  # labelled on short ranges only
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
         ax.set(title=name, xlabel="training seconds", ylabel="RMSE")
         ax.legend(fontsize="small")
     _save(plt, fig, path)

@@ -127,7 +127,7 @@ def _run_peer(key, options, train, X, y, seed, progress):
     m = options.pop("n_inducing", None)
     peer = make_peer(key, X.shape[1], m, dtype=X.dtype, device=X.device, **options)
     Z = kmeans_centers(X, m, seed) if m is not None else None
-    seconds = peer.fit(X, y, seed=seed, Z=Z, **train)
+    seconds = peer.fit(X, y, seed=seed, Z=Z, progress=progress, **train)
     return peer.predict, float(np.mean(seconds)), len(seconds)
 
 

@@ -1,5 +1,6 @@
 """Covariance functions."""
 from .gpytorch_adapter import GPyTorchKernel
-from .stationary import RBF, Kernel, Matern, Stationary, inverse_softplus, make_kernel
+from .stationary import RBF, SOFTPLUS_ZERO, Kernel, Matern, Stationary, inverse_softplus, make_kernel
 
-__all__ = ["Kernel", "Stationary", "RBF", "Matern", "GPyTorchKernel", "inverse_softplus", "make_kernel"]
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "GPyTorchKernel", "inverse_softplus", "make_kernel",
+           "SOFTPLUS_ZERO"]

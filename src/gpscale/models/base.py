@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..kernels import Kernel, make_kernel
+from ..kernels import SOFTPLUS_ZERO, Kernel, make_kernel
 from ..likelihoods import Gaussian
 
 __all__ = ["GPModel", "register", "get_model_class", "available_methods", "NotFittedPosteriorError"]
@@ -52,8 +52,8 @@ class GPModel(nn.Module):
         n_features: input dimension d.
         kernel: ``'rbf'``, ``'matern12'``, ``'matern32'``, ``'matern52'`` or a :class:`~gpscale.kernels.Kernel`.
         ard: one lengthscale per input dimension.
-        lengthscale, outputscale: initial kernel hyperparameters.
-        noise: initial noise variance (of standardised y); fixed if ``learn_noise=False``.
+        lengthscale, outputscale: initial kernel hyperparameters (default ln 2 = softplus(0), as GPyTorch).
+        noise: initial noise variance of standardised y (default ln 2); fixed if ``learn_noise=False``.
         noise_floor: lower bound of a learned noise variance.
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
@@ -69,9 +69,9 @@ class GPModel(nn.Module):
         *,
         kernel: str | Kernel = "rbf",
         ard: bool = True,
-        lengthscale: float = 1.0,
-        outputscale: float = 1.0,
-        noise: float = 0.1,
+        lengthscale: float = SOFTPLUS_ZERO,
+        outputscale: float = SOFTPLUS_ZERO,
+        noise: float = SOFTPLUS_ZERO,
         learn_noise: bool = True,
         noise_floor: float = 1e-6,
         chunk_size: int = 8192,

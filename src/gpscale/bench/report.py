@@ -237,14 +237,20 @@ def _plot_accuracy(plt, summary: list[dict], path: Path) -> None:
     _save(plt, fig, path)
 
 
+def _dataset_panels(plt, summary: list[dict], height: float):
+    """A figure with one panel per dataset: ``(fig, [(ax, dataset, rows)], labels, styles)``."""
+    labels, datasets = _labels(summary), _by_dataset(summary)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4 * len(datasets) + 1, height), squeeze=False)
+    panels = [(ax, name, rows) for ax, (name, rows) in zip(axes[0], datasets.items())]
+    return fig, panels, labels, _styles(labels)
+
+
 def _plot_pareto(plt, summary: list[dict], path: Path) -> None:
     """Mean RMSE against mean training seconds (log scale), one panel per dataset, one marker per method."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    labels, datasets = _labels(summary), _by_dataset(summary)
-    styles = _styles(labels)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4 * len(datasets) + 1, 3.8), squeeze=False)
-    for ax, (name, rows) in zip(axes[0], datasets.items()):
+    fig, panels, labels, styles = _dataset_panels(plt, summary, 3.8)
+    for ax, name, rows in panels:
         for i, row in rows:
             if row["rmse_mean"] is not None and row["train_seconds_mean"]:
                 ax.plot(row["train_seconds_mean"], row["rmse_mean"], linestyle="none", label=labels[i],
@@ -259,10 +265,8 @@ def _plot_pareto(plt, summary: list[dict], path: Path) -> None:
 
 def _plot_calibration(plt, summary: list[dict], path: Path) -> None:
     """Empirical against nominal coverage of the central intervals, one panel per dataset, with the diagonal."""
-    labels, datasets = _labels(summary), _by_dataset(summary)
-    styles = _styles(labels)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4 * len(datasets) + 1, 4), squeeze=False)
-    for ax, (name, rows) in zip(axes[0], datasets.items()):
+    fig, panels, labels, styles = _dataset_panels(plt, summary, 4)
+    for ax, name, rows in panels:
         ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1)
         for i, row in rows:
             if row["calibration"]:

@@ -101,7 +101,7 @@ class SGPR(GPModel):
         _, post = self.collapse(X, y)
         eye = torch.eye(post.L_B.shape[0], dtype=post.L_B.dtype, device=post.L_B.device)
         L_B_inv = solve_lower(post.L_B, eye)  # S S^T = B^{-1} = L_B^{-T} L_B^{-1}
-        return post.weight_mean, torch.linalg.cholesky(L_B_inv.T @ L_B_inv)
+        return post.weight_mean, cholesky(L_B_inv.T @ L_B_inv, what="optimal q(v) covariance")
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         Phi = self.features(self.cache["Lu"])(X).to(_linear.CORE)  # [c, m]

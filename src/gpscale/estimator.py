@@ -11,7 +11,6 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
-from .kernels import SOFTPLUS_ZERO
 from .io import ModelFileError, read_model_file, write_model_file
 from .models import get_model_class
 from .models.base import GPModel
@@ -36,9 +35,11 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         Inducing points (or basis functions) for methods that have them; capped at n.
     epochs, batch_size, lr : training length, minibatch size (minibatch methods) and Adam learning rate.
     kernel : {"rbf", "matern12", "matern32", "matern52"}, default="rbf"
-    noise : float, default=ln 2 (0.693, as GPyTorch)
-        Initial noise variance of standardised y (fixed if ``learn_noise=False``).
-    learn_noise : bool, default=True
+    noise : float or None, default=None
+        Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default
+        (ln 2 = softplus(0), as GPyTorch, for exact/SGPR/SVGP; SoftKI's paper setting is a fixed 1e-3).
+    learn_noise : bool or None, default=None
+        None: the method's default (learned, except for SoftKI).
     val_fraction : float, default=0.0
         Hold out this fraction for early stopping on validation NLPD (0: no validation).
     seed : int, default=0
@@ -59,7 +60,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, kernel="rbf",
-                 noise=SOFTPLUS_ZERO, learn_noise=True, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
+                 noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
                  progress=True, **method_options):
         self.method = method
         self.n_inducing = n_inducing
@@ -112,7 +113,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         accepted = _option_names(cls)
         common = {"n_inducing": min(int(self.n_inducing), n), "kernel": self.kernel, "noise": self.noise,
                   "learn_noise": self.learn_noise}
-        options = {k: v for k, v in common.items() if k in accepted}
+        options = {k: v for k, v in common.items() if k in accepted and v is not None}
         for name in self._method_options:
             if name not in accepted:
                 raise ValueError(f"Method {self.method!r} has no option {name!r}. Its options: "

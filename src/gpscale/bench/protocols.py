@@ -86,10 +86,11 @@ register_protocol(Protocol(
 QUICK_SGPR = dict(n_inducing=256, epochs=30, lr=0.1)
 QUICK_SVGP = dict(n_inducing=256, epochs=10, batch_size=1024, lr=0.02)
 QUICK_EXACT = dict(epochs=50, lr=0.1)
+QUICK_SOFTKI = dict(n_inducing=256, epochs=10, batch_size=1024, lr=0.01)
 
 register_protocol(Protocol(
     name="quick",
-    version=2,  # v2: hyperparameters start at softplus(0), as GPyTorch's
+    version=3,  # v2: hyperparameters start at softplus(0), as GPyTorch's; v3: SoftKI added
     description="Every implemented method and the GPyTorch peers, with short training, on generated Friedman #1 "
                 "(n = 40,000, d = 10) and, when the data folder is there, two small UCI sets.",
     methods=(
@@ -99,6 +100,8 @@ register_protocol(Protocol(
         MethodSpec("gpytorch-sgpr", QUICK_SGPR),
         MethodSpec("svgp", QUICK_SVGP),
         MethodSpec("gpytorch-svgp", QUICK_SVGP),
+        MethodSpec("softki", QUICK_SOFTKI),
+        MethodSpec("softki", {**QUICK_SOFTKI, "calibrate_noise": True}, label="softki-calibrated"),
     ),
     datasets={"friedman1": None, "energy": None, "concrete": None},
     dataset_options={"friedman1": {"n": 40_000}},

@@ -1,0 +1,262 @@
+"""SoftKI: soft kernel interpolation (Camaño & Huang, 2024, arXiv 2410.21419; spec: shared/specs/softki.md).
+
+Each input gets a dense row of softmax interpolation weights over m learned points Z [m, d],
+
+    w(x) = softmax_j(-||x - z_j||)   [m]        (Euclidean, not squared, distance; spec §3.1)
+
+and the kernel is interpolated from the inducing covariance ``K_zz = k(Z, Z)`` [m, m]:
+
+    k~(x, x') = w(x)^T K_zz w(x'),     Q~_xx = W_xz K_zz W_xz^T.
+
+With ``K_zz = L_zz L_zz^T`` (float64 core) this is a Bayesian linear model (``_linear.py``) with features
+``phi(x) = L_zz^T w(x)`` [m] and weights ``v ~ N(0, I)`` (the inducing values are ``u = L_zz v ~ N(0, K_zz)``).
+The engine's posterior is the spec's §5 posterior: with ``B = I + Phi^T Phi / beta^2`` and
+``C^ = K_zz + K^_zx K^_xz / beta^2 = L_zz B L_zz^T`` (``K^_xz = W_xz K_zz``),
+
+    mean(x*)  = phi(x*)^T B^{-1} Phi^T y / beta^2 = K^_*z C^{-1} K^_zx y / beta^2 = K^_*z alpha   (eq. 25)
+    var f(x*) = ||L_B^{-1} phi(x*)||^2            = K^_*z C^{-1} K^_z*             (corrected eq. 24)
+
+so the variance is a squared norm, >= 0 by construction. The posterior is fitted by the engine's streamed TSQR of
+``[Phi / beta, y / beta; I, 0]`` in float64; since ``[Phi / beta; I] L_zz^T = [K^_xz / beta; U]`` with
+``U = L_zz^T`` (``U^T U = K_zz``, the convention the paper misprints), this is the paper's QR solve (eqs. 26-30)
+without ever forming C^ or holding an n x m buffer.
+
+Training (Algorithm 1) minimises, per minibatch (X_b [B, d], y_b [B]), the sign-corrected Hutchinson pseudo-loss
+of ``log N(y_b | 0, Sigma_b)``, ``Sigma_b = W_b K_zz W_b^T + beta^2 I`` (spec §4.2), divided by B. The noise
+beta^2 is fixed at 1e-3 by default, as in the paper.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..distributed import LOCAL, Comm
+from ..kernels import inverse_softplus
+from ..linalg import cholesky
+from . import _linear
+from .base import GPModel, register
+from .inducing import kmeans_centers
+
+__all__ = ["SoftKI", "softmax_weights", "hutchinson_pseudo_log_likelihood"]
+
+# Lower bound of the learned per-dimension temperature, as in the official code (spec §3.1).
+MIN_TEMPERATURE = 5e-5
+
+
+def softmax_weights(X: Tensor, Z: Tensor) -> Tensor:
+    """Softmax interpolation weights ``W[i, j] = exp(-||x_i - z_j||) / sum_k exp(-||x_i - z_k||)`` [n, m].
+
+    Distances come from the Gram expansion (one matmul, no [n, m, d] broadcast, which is huge for large d). The
+    squared distance is clamped at 1e-12 before the square root: round-off can make it negative, and sqrt has an
+    infinite derivative at 0, which a k-means centre of a singleton cluster (equal to a data point) would hit.
+    ``softmax`` subtracts the row maximum, so distances in the thousands do not underflow to 0/0.
+    """
+    sq = torch.addmm((X * X).sum(-1, keepdim=True), X, Z.T, alpha=-2.0) + (Z * Z).sum(-1)
+    return torch.softmax(-sq.clamp_min(1e-12).sqrt(), dim=-1)
+
+
+def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: Tensor, probes: Tensor) -> Tensor:
+    """The Hutchinson pseudo-log-likelihood of Maddox et al. (2022), sign-corrected (spec §4.2, erratum 1), for
+    ``Sigma = W K_zz W^T + beta^2 I``:
+
+        log p~ = 1/2 b_0^T Sigma b_0 - 1/(2L) sum_j b_j^T Sigma a_j,    Sigma [b_0, b_1..b_L] = [y, a_1..a_L],
+
+    with the solves detached. Its gradient is unbiased for that of ``log N(y | 0, Sigma)`` when
+    ``E[a a^T] = I``:  ``1/2 (Sigma^{-1} y)^T dSigma (Sigma^{-1} y) - 1/2 tr(Sigma^{-1} dSigma)``. Its value is
+    not the log-likelihood: use it only for gradients.
+
+    Only the detached solve needs the dense [B, B] Sigma. The differentiated quadratic forms go through the
+    factors, ``b^T Sigma a = (W^T b)^T K_zz (W^T a) + beta^2 b^T a``, so the backward pass costs
+    O(B m L + m^2 L) instead of the O(B^2 m) of differentiating a dense Sigma.
+
+    Args:
+        W: [B, m] interpolation weights, differentiable.
+        Kzz: [m, m] inducing covariance, differentiable.
+        noise: beta^2, a scalar tensor.
+        y: [B] targets.
+        probes: [B, L] probe vectors with ``E[a a^T] = I`` (standard normal; NOT unit-norm, erratum 2).
+    """
+    L = probes.shape[1]
+    noise = noise.to(W.dtype)
+    with torch.no_grad():
+        # detached: letting gradients flow through Sigma^{-1} flips the sign of the gradient (spec §10.2)
+        Sigma = W @ Kzz @ W.T
+        Sigma.diagonal().add_(noise)
+        solves = torch.linalg.solve(Sigma, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
+    # column 0 pairs b_0 with b_0, column j pairs b_j with a_j
+    partners = torch.cat([solves[:, :1], probes], dim=1)  # [B, L + 1]
+    forms = ((W.T @ solves) * (Kzz @ (W.T @ partners))).sum(0) + noise * (solves * partners).sum(0)  # [L + 1]
+    return 0.5 * forms[0] - forms[1:].sum() / (2 * L)
+
+
+@register("softki")
+class SoftKI(GPModel):
+    """Soft kernel interpolation: ``k~(x, x') = w(x)^T K_zz w(x')`` with softmax weights over m learned points.
+
+    Use it for large n with moderate to high d (d >~ 10), where SKI's grids are impossible and SGPR/SVGP
+    underfit; at d <~ 8 SGPR or SVGP are usually more accurate (spec §8.2).
+
+    Args:
+        n_inducing: number of interpolation points m (k-means initialised, always learned).
+        n_probes: Hutchinson probe vectors L per training step (fresh standard-normal draws).
+        learn_temperature: learn a per-dimension temperature T >= 5e-5 (initialised at 1) and use
+            ``w(x) = softmax(-||x / T - z||)``: it divides only x, as in the official code's ``use_T``. Off in
+            every paper run (the paper's weights have no temperature).
+        solver: posterior fit and :meth:`log_marginal_likelihood` by ``'qr'`` (streamed TSQR, the paper's stable
+            solve, the default) or ``'cholesky'`` (Cholesky of the whitened normal matrix I + Phi^T Phi / beta^2:
+            fewer flops and runs under torchrun; whitening by L_zz keeps K_zz's conditioning out of it, but its
+            condition number still grows like n / beta^2, which QR takes only the square root of).
+        calibrate_noise: after training, re-estimate beta^2 in :meth:`fit_posterior` by maximising the exact
+            evidence ``log N(y | 0, Q~ + beta^2 I)`` over beta^2 alone, with Z and the kernel fixed, then fit
+            the posterior with it. The paper's fixed 1e-3 is overconfident on held-out data; this fixes the
+            calibration of the predictive variance (it also changes the mean slightly). Off by default, to keep
+            the paper's protocol. :meth:`clear_cache` restores the training noise, so validation during training
+            does not leak the calibrated value into the training objective.
+        kernel: the kernel of K_zz: a name or any :class:`~gpscale.kernels.Kernel` (``GPyTorchKernel`` for
+            GPyTorch kernels). Default RBF with one shared lengthscale and an outputscale (``ard=False``), both
+            initialised at ln 2, as the paper's ``ScaleKernel(RBFKernel())``.
+        noise, learn_noise: beta^2, fixed at 1e-3 by default as in the paper (spec §4.5: learning it worsened
+            RMSE on most UCI sets).
+        **kwargs: other kernel, likelihood and chunking options of :class:`GPModel`.
+    """
+
+    def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
+                 solver: str = "qr", calibrate_noise: bool = False, *, ard: bool = False, noise: float = 1e-3,
+                 learn_noise: bool = False, **kwargs):
+        super().__init__(n_features, ard=ard, noise=noise, learn_noise=learn_noise, **kwargs)
+        if solver not in ("cholesky", "qr"):
+            raise ValueError(f"solver must be 'cholesky' or 'qr', got {solver!r}.")
+        if n_probes < 1:
+            raise ValueError(f"n_probes must be at least 1, got {n_probes}.")
+        self.n_inducing = int(n_inducing)
+        self.n_probes = int(n_probes)
+        self.solver = solver
+        self.calibrate_noise = bool(calibrate_noise)
+        self.Z = nn.Parameter(torch.zeros(self.n_inducing, self.n_features))
+        if learn_temperature:
+            self.raw_temperature = nn.Parameter(
+                inverse_softplus(torch.full((self.n_features,), 1.0 - MIN_TEMPERATURE)))
+        else:
+            self.register_parameter("raw_temperature", None)
+
+    # --- the model ------------------------------------------------------------------------------------------
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        with torch.no_grad():
+            # with a temperature, Z lives in the space of x / T; T starts at 1, where that space is the input's
+            self.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
+
+    @property
+    def temperature(self) -> Tensor | None:
+        """Per-dimension temperature T [d], or None when not learned."""
+        if self.raw_temperature is None:
+            return None
+        return MIN_TEMPERATURE + nn.functional.softplus(self.raw_temperature)
+
+    def weights(self, X: Tensor) -> Tensor:
+        """Interpolation weights W_xz [c, m] of the rows of X [c, d]; rows are non-negative and sum to 1."""
+        T = self.temperature
+        return softmax_weights(X if T is None else X / T.to(X.dtype), self.Z)
+
+    def Kzz(self) -> Tensor:
+        """K_zz = k(Z, Z) [m, m], in the model dtype, without jitter (jitter only on a failed Cholesky)."""
+        return self.kernel(self.Z, self.Z)
+
+    def Lzz(self) -> Tensor:
+        """Lower Cholesky factor L_zz [m, m] of K_zz, float64 (jittered only if the factorisation fails)."""
+        return cholesky(self.Kzz().to(_linear.CORE), what="interpolation-point covariance K_zz")
+
+    def features(self, Lzz: Tensor):
+        """``x -> phi(x) = L_zz^T w(x)``: X [c, d] -> Phi = W_xz L_zz [c, m] (float64), so Phi Phi^T = Q~_xx."""
+
+        def phi(X: Tensor) -> Tensor:
+            return self.weights(X).to(_linear.CORE) @ Lzz
+
+        return phi
+
+    # --- training -------------------------------------------------------------------------------------------
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """``-log p~(y_b) / B`` on a minibatch X [B, d], y [B] (Algorithm 1, line 7; spec §4.3).
+
+        Plain SGD on each batch's own marginal likelihood: no n/B rescaling, so ``num_data`` is not used; the
+        division by B makes it a per-point objective.
+        """
+        probes = torch.randn(X.shape[0], self.n_probes, dtype=X.dtype, device=X.device)
+        return -hutchinson_pseudo_log_likelihood(self.weights(X), self.Kzz(), self.noise, y, probes) / X.shape[0]
+
+    def collapse(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL) -> _linear.Collapsed:
+        """The collapsed posterior of the whitened inducing values v, in one streamed pass over (X [n, d], y [n])."""
+        phi = self.features(Lzz)
+        if self.solver == "qr":
+            return _linear.collapse_qr(phi, X, y, self.noise, chunk_size=self.chunk_size, comm=comm)
+        # y in float64 like the features, so that Phi^T y is accumulated at the precision of the core
+        stats = _linear.accumulate(phi, X, y.to(_linear.CORE), chunk_size=self.chunk_size, comm=comm)
+        return _linear.collapse_cholesky(stats, self.noise)
+
+    def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
+        """The exact ``log N(y | 0, W_xz K_zz W_xz^T + beta^2 I)`` (eq. 18) in O(m^2 n) time and O(chunk x m)
+        memory (float64 scalar, differentiable). For monitoring and tests: training uses the pseudo-loss."""
+        return _linear.log_evidence(self.collapse(X, y, self.Lzz(), comm), self.noise)
+
+    # --- posterior ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        self.clear_cache()  # a previous calibration must not be the starting point of this one
+        Lzz = self.Lzz()  # from the final hyperparameters, not the last batch's (spec §10.7)
+        cache = {}
+        if self.calibrate_noise:
+            cache["training_raw_noise"] = self.likelihood.raw_noise.detach().clone()
+            noise = self.evidence_optimal_noise(X, y, Lzz, comm)
+            raw = self.likelihood.raw_noise
+            raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))
+        post = self.collapse(X, y, Lzz, comm)
+        self.cache = {**cache, "Lzz": Lzz, "L_B": post.L_B, "w_mean": post.weight_mean}
+
+    def clear_cache(self) -> None:
+        # the calibrated noise belongs to the posterior: forgetting the posterior restores the training noise
+        if "training_raw_noise" in self.cache:
+            with torch.no_grad():
+                self.likelihood.raw_noise.copy_(self.cache["training_raw_noise"])
+        super().clear_cache()
+
+    def evidence_optimal_noise(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL) -> float:
+        """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed.
+
+        One streamed pass gives ``A = Phi^T Phi = V diag(lam) V^T``, ``b = Phi^T y`` and ``yy``; with
+        ``g = V^T b``, for every beta^2 (O(m) each):
+
+            log p = -n/2 log(2 pi beta^2) - 1/2 sum_i log(1 + lam_i / beta^2)
+                    - 1/2 (yy / beta^2 - sum_i g_i^2 / (beta^2 (beta^2 + lam_i))).
+
+        The search is over log beta^2 in [noise_floor + 1e-8, 10 yy / n]: a grid of 400 points, then Brent's
+        method between the best point's neighbours (the evidence can have more than one local maximum).
+        """
+        from scipy.optimize import minimize_scalar
+
+        stats = _linear.accumulate(self.features(Lzz), X, y.to(_linear.CORE), chunk_size=self.chunk_size,
+                                   comm=comm)
+        lam, V = torch.linalg.eigh(stats.A)
+        lam = lam.clamp_min(0.0).cpu().numpy()  # A is a Gram matrix; negative eigenvalues are round-off
+        g2 = ((V.T @ stats.b) ** 2).cpu().numpy()
+        yy, n = float(stats.yy), stats.n
+
+        def neg_log_evidence(log_s2: float) -> float:
+            s2 = math.exp(log_s2)
+            return 0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
+                          + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
+
+        lo = math.log(self.likelihood.noise_floor + 1e-8)
+        hi = math.log(max(10.0 * yy / n, 1e-6))
+        grid = np.linspace(lo, hi, 400)
+        best = int(np.argmin([neg_log_evidence(t) for t in grid]))
+        bracket = (grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)])
+        result = minimize_scalar(neg_log_evidence, bounds=bracket, method="bounded", options={"xatol": 1e-10})
+        return math.exp(result.x)
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent mean ``w(x*)^T L_zz E[v]`` and variance ``||L_B^{-1} L_zz^T w(x*)||^2`` [c] (spec §5.3)."""
+        Phi = self.features(self.cache["Lzz"])(X)  # [c, m]
+        mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
+        return mean.to(X.dtype), var.to(X.dtype)

@@ -340,6 +340,20 @@ def test_download_uci_rejects_a_row_in_two_test_folds(upstream, tmp_path):
         data.download_uci("bad", tmp_path / "data", base_url=base_url, timeout=5)
 
 
+def test_cli_data_download_fetches_and_reports_errors_in_one_line(upstream, tmp_path, capsys):
+    from gpscale.cli import main
+
+    base_url, site = upstream
+    _write_upstream(site, "cli", np.c_[np.ones((20, 1)), np.arange(20.0)],
+                    [",".join("1" if k == i % 10 else "0" for k in range(10)) for i in range(20)])
+    dest = tmp_path / "data"
+    assert main(["data", "download", "cli", "--data-dir", str(dest), "--base-url", base_url]) == 0
+    assert (dest / "uci" / "cli.npz").exists() and "saved" in capsys.readouterr().out
+    assert main(["data", "download", "absent", "--data-dir", str(dest), "--base-url", base_url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpscale: error:") and "404" in err and err.count("\n") == 1
+
+
 # --------------------------------------------------------------------------------------------------- real data
 
 

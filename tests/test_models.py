@@ -225,3 +225,24 @@ def test_noise_and_kernel_hyperparameters_start_at_the_requested_values():
     assert model.noise.item() == pytest.approx(0.037, rel=1e-6)
     assert model.kernel.lengthscale.tolist() == pytest.approx([0.3, 0.3], rel=1e-6)
     assert model.kernel.outputscale.item() == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("batch", [8, 60])
+def test_svgp_training_path_depends_on_batch_size_and_both_give_the_same_elbo_and_gradients(data, batch):
+    X, y = data
+    svgp = build(SVGP, X, Z=X[::4], n_inducing=15)
+    with torch.no_grad():
+        svgp.q_mu.normal_()
+        svgp.q_sqrt_raw.mul_(0.4)
+    Xb, yb = X[:batch], y[:batch]
+    with patch.object(SVGP, "projected_conditional", wraps=svgp.projected_conditional) as projected:
+        elbo = svgp.elbo(Xb, yb, num_data=60)
+    assert projected.called == (2 * 15 <= batch)  # the m x m projection pays only when m is well below b
+    reference = -svgp.prior_kl() + 60 / batch * svgp.likelihood.expected_log_prob(
+        yb, *svgp.conditional(Xb, svgp.Lu(), svgp.q_mu, svgp.q_sqrt)).sum()
+    torch.testing.assert_close(elbo, reference, rtol=1e-10, atol=0)
+    grads = torch.autograd.grad(elbo, list(svgp.parameters()), allow_unused=True)
+    ref_grads = torch.autograd.grad(reference, list(svgp.parameters()), allow_unused=True)
+    for g, r in zip(grads, ref_grads):
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-9)

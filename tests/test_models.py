@@ -246,3 +246,21 @@ def test_svgp_training_path_depends_on_batch_size_and_both_give_the_same_elbo_an
     for g, r in zip(grads, ref_grads):
         if r is not None:
             torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-9)
+
+
+def test_sgpr_auto_solver_uses_qr_in_float32_and_stays_close_to_float64():
+    X, y = toy_regression(n=300, d=2)
+    ref = build(SGPR, X, Z=X[::10], n_inducing=30)
+    m32 = SGPR(2, n_inducing=30).float()
+    m32.load_state_dict(ref.state_dict())
+    with patch.object(_linear, "collapse_qr", wraps=_linear.collapse_qr) as qr:
+        bound32 = m32.elbo(X.float(), y.float())
+        assert qr.called
+        ref.elbo(X, y)
+        assert qr.call_count == 1  # float64 took the Cholesky path
+    exact64 = ref.elbo(X, y).item()
+    gram32 = SGPR(2, n_inducing=30, solver="cholesky").float()
+    gram32.load_state_dict(ref.state_dict())
+    error_qr = abs(bound32.item() - exact64) / abs(exact64)
+    error_gram = abs(gram32.elbo(X.float(), y.float()).item() - exact64) / abs(exact64)
+    assert error_qr < 1e-4 and error_qr < error_gram  # float32 rounding of K_uf stays, the Gram's squaring goes

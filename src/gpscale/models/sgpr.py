@@ -28,18 +28,20 @@ class SGPR(GPModel):
         n_inducing: number of inducing points m (k-means initialised).
         learn_inducing: optimise Z with the hyperparameters.
         jitter: added to the diagonal of Kuu (absolute, standardised units).
-        solver: ``'cholesky'`` (whitened normal equations, fast; the default in float64) or ``'qr'`` (TSQR of
-            whitened features: stable for tiny noise and for float32).
+        solver: ``'cholesky'`` (the Gram matrix of K_uf whitened on the m x m core: fast), ``'qr'`` (TSQR of
+            features whitened row by row: stable for tiny noise and in float32) or ``'auto'`` (default:
+            ``'cholesky'`` for float64 data, ``'qr'`` otherwise). Measured on pol (m = 512, noise 0.018), the
+            float32 bound is off by 2.4e-4 relative with ``'cholesky'`` and by 5e-7 with ``'qr'``.
         **kwargs: kernel, likelihood and chunking options of :class:`GPModel`.
     """
 
     full_batch = True
 
     def __init__(self, n_features: int, n_inducing: int = 512, learn_inducing: bool = True,
-                 jitter: float = 1e-6, solver: str = "cholesky", **kwargs):
+                 jitter: float = 1e-6, solver: str = "auto", **kwargs):
         super().__init__(n_features, **kwargs)
-        if solver not in ("cholesky", "qr"):
-            raise ValueError(f"solver must be 'cholesky' or 'qr', got {solver!r}.")
+        if solver not in ("auto", "cholesky", "qr"):
+            raise ValueError(f"solver must be 'auto', 'cholesky' or 'qr', got {solver!r}.")
         self.n_inducing = int(n_inducing)
         self.jitter = float(jitter)
         self.solver = solver
@@ -73,7 +75,8 @@ class SGPR(GPModel):
     def collapse(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> tuple[Tensor, _linear.Collapsed]:
         """Cholesky of Kuu and the collapsed posterior of the whitened inducing values."""
         Lu = self.Lu()
-        if self.solver == "qr":
+        solver = self.solver if self.solver != "auto" else ("cholesky" if X.dtype == torch.float64 else "qr")
+        if solver == "qr":
             post = _linear.collapse_qr(self.features(Lu), X, y, self.noise, chunk_size=self.chunk_size,
                                        prior_diag=self.kernel.diag, comm=comm)
         else:

@@ -103,7 +103,7 @@ def test_datasets_missing_from_the_data_folder_are_skipped_with_a_note(tmp_path,
     assert [r["dataset"] for r in ResultsStore(path).runs()] == ["friedman1"]
 
 
-def test_the_quick_protocol_runs_on_generated_data_without_a_data_folder():
+def test_the_quick_protocol_has_a_generated_dataset_that_needs_no_data_folder():
     quick = get_protocol("quick")
     assert "friedman1" in quick.datasets and "friedman1" not in quick.requires_data
     assert quick.dataset_options["friedman1"]["n"] == 40_000

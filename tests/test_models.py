@@ -6,7 +6,6 @@ import torch
 from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
-from gpscale.kernels import inverse_softplus
 from gpscale.models import get_model_class
 from gpscale.models import _linear
 from gpscale.models.base import NotFittedPosteriorError

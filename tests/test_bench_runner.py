@@ -6,7 +6,7 @@ import pytest
 from gpscale.bench.protocols import MethodSpec, Protocol, get_protocol
 from gpscale.bench.report import write_report
 from gpscale.bench.runner import run_protocol
-from gpscale.bench.store import ResultsStore
+from gpscale.bench.store import COLUMNS, MIGRATIONS, SCHEMA_VERSION, ResultsStore
 from gpscale.cli import main
 
 TINY = Protocol(
@@ -91,6 +91,40 @@ def test_store_rejects_a_foreign_file_and_another_schema(tmp_path):
         db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(ValueError, match="schema 99"):
         ResultsStore(other)
+
+
+def test_store_brings_a_schema_1_file_up_to_date_and_keeps_its_runs(tmp_path):
+    path = tmp_path / "old.sqlite"
+    v1_columns = {k: v for k, v in COLUMNS.items() if k not in MIGRATIONS[1]}
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+        db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        db.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
+                   + ", ".join(f"{k} {v}" for k, v in v1_columns.items()) + ")")
+        db.execute("INSERT INTO runs (protocol, method, status, rmse) VALUES ('p', 'm', 'ok', 0.5)")
+    store = ResultsStore(path)
+    store.append({"protocol": "p", "method": "m2", "status": "ok", "reused_training_of": "m"})
+    runs = store.runs()
+    assert [(r["method"], r["rmse"], r["reused_training_of"]) for r in runs] == [("m", 0.5, None), ("m2", None, "m")]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_a_posterior_only_variant_reuses_the_trained_model(tmp_path):
+    softki = dict(n_inducing=16, epochs=2, batch_size=64, lr=0.01)
+    protocol = replace(TINY, methods=(MethodSpec("softki", softki),
+                                      MethodSpec("softki", {**softki, "calibrate_noise": "variance"}, label="cal"),
+                                      MethodSpec("softki", {**softki, "lr": 0.02}, label="other-lr")),
+                       datasets={"friedman1": (0,)})
+    lines = []
+    runs = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lines.append)).runs()
+    plain, calibrated, other = runs
+    assert calibrated["reused_training_of"] == "softki" and other["reused_training_of"] is None
+    assert calibrated["seconds_per_epoch"] == plain["seconds_per_epoch"]  # the same training, not a new one
+    assert calibrated["train_seconds"] > plain["train_seconds"]  # its own posterior refit on top
+    assert calibrated["rmse"] == pytest.approx(plain["rmse"], rel=1e-9)  # variance mode keeps the trained mean
+    assert calibrated["nlpd"] < plain["nlpd"]
+    assert other["rmse"] != plain["rmse"]  # a training option differs: trained anew
 
 
 def test_datasets_missing_from_the_data_folder_are_skipped_with_a_note(tmp_path, monkeypatch):

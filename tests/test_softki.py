@@ -430,7 +430,7 @@ def test_20_training_smoke():
 
 def test_21_every_full_data_pass_is_chunked():
     X, y, _, _ = smoke_data()
-    model = SoftKI(5, n_inducing=32, chunk_size=500, calibrate_noise=True).double()
+    model = SoftKI(5, n_inducing=32, chunk_size=500, calibrate_noise="variance").double()
     model.init(X, y)
     rows = []
     original = model.weights
@@ -442,15 +442,16 @@ def test_21_every_full_data_pass_is_chunked():
     with patch.object(model, "weights", spy):
         model.fit_posterior(X, y)
         model.log_marginal_likelihood(X, y)
-    assert sum(rows) == 3 * 2700 and max(rows) <= 500  # calibration, fit and evidence: 3 passes of chunks
+    assert sum(rows) == 3 * 2700 and max(rows) <= 500  # statistics, the mean's QR fit, evidence: 3 passes
 
 
 # --- options ------------------------------------------------------------------------------------------------
-def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd():
+@pytest.mark.parametrize("solver", ["qr", "cholesky"])
+def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd(solver):
     X, y, Xt, yt = smoke_data()
-    fixed = SoftKI(5, n_inducing=32).double()
+    fixed = SoftKI(5, n_inducing=32, solver=solver).double()
     fixed.init(X, y)
-    calibrated = SoftKI(5, n_inducing=32, calibrate_noise=True).double()
+    calibrated = SoftKI(5, n_inducing=32, solver=solver, calibrate_noise="posterior").double()
     calibrated.load_state_dict(fixed.state_dict())
     fixed.fit_posterior(X, y)
     calibrated.fit_posterior(X, y)
@@ -462,6 +463,12 @@ def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd():
             calibrated.likelihood.raw_noise.fill_(math.log(math.expm1(s2 * factor)))
             assert calibrated.log_marginal_likelihood(X, y).item() < best
         calibrated.likelihood.raw_noise.fill_(math.log(math.expm1(s2)))
+        # the posterior is the plain posterior under the calibrated noise, whatever the solver
+        reference = SoftKI(5, n_inducing=32, noise=s2).double()
+        reference.load_state_dict({k: v for k, v in fixed.state_dict().items() if "noise" not in k}, strict=False)
+        reference.fit_posterior(X, y)
+        for ours, theirs in zip(calibrated.predict(Xt), reference.predict(Xt)):
+            torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-9)
 
     def nlpd(model):
         return -model.likelihood.log_predictive_density(yt, *model.predict(Xt)).mean().item()
@@ -469,6 +476,30 @@ def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd():
     assert nlpd(calibrated) < nlpd(fixed)
     calibrated.clear_cache()  # the calibrated noise belongs to the posterior; training resumes with 1e-3
     assert calibrated.noise.item() == pytest.approx(1e-3)
+
+
+def test_variance_calibration_keeps_the_trained_mean_and_takes_the_calibrated_variance():
+    X, y, Xt, yt = smoke_data()
+    models = {mode: SoftKI(5, n_inducing=32, calibrate_noise=mode).double() for mode in (None, "variance", "posterior")}
+    models[None].init(X, y)
+    for model in models.values():
+        model.load_state_dict(models[None].state_dict())
+        model.fit_posterior(X, y)
+    (mean0, var0), (mean_v, var_v), (mean_p, var_p) = (m.predict(Xt) for m in models.values())
+    torch.testing.assert_close(mean_v, mean0)  # the paper's mean, bit for bit up to the QR's round-off
+    torch.testing.assert_close(var_v, var_p)  # the calibrated posterior's variance
+    assert models["variance"].noise.item() == pytest.approx(models["posterior"].noise.item())
+    assert (mean_p - mean0).abs().max() > 1e-3 and (var_v > var0).all()
+
+    def nlpd(model):
+        return -model.likelihood.log_predictive_density(yt, *model.predict(Xt)).mean().item()
+
+    assert nlpd(models["variance"]) < nlpd(models[None])
+
+
+def test_calibrate_noise_rejects_unknown_modes():
+    with pytest.raises(ValueError, match="calibrate_noise must be one of"):
+        SoftKI(3, calibrate_noise=True)
 
 
 def test_learned_noise_and_gpytorch_kernel_options(setting):
@@ -489,7 +520,7 @@ def test_regressor_fits_predicts_and_round_trips(tmp_path, dtype):
     X, y, Xt, _ = smoke_data()
     X, y, Xt = X.numpy()[:600] * 3 + 1, y.numpy()[:600] * 2 - 5, Xt.numpy() * 3 + 1
     reg = GPRegressor(method="softki", n_inducing=32, epochs=20, batch_size=128, noise=1e-3, learn_noise=False,
-                      calibrate_noise=True, dtype=dtype, progress=False).fit(X, y)
+                      calibrate_noise="variance", dtype=dtype, progress=False).fit(X, y)
     mean, std = reg.predict(Xt, return_std=True)
     assert np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()
     assert reg.score(X, y) > 0.2

@@ -2,10 +2,15 @@
 
 A run that fails is recorded with its error and the suite goes on. Ours and the GPyTorch peers run on the same
 standardised data, inducing points from the same seeded k-means, in the same process, so their times compare
-as ratios.
+as ratios. A method entry that differs from an earlier one on the same split only in the model's
+``posterior_options`` (SoftKI's ``calibrate_noise``) reuses that trained model and refits only the posterior;
+its record names the run it reused and counts that run's training time and peak memory.
 """
 from __future__ import annotations
 
+import copy
+import inspect
+import json
 import os
 import platform
 import subprocess
@@ -57,6 +62,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
             for seed in protocol.seeds:
                 ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
                                   **protocol.dataset_options.get(name, {}))
+                trained: dict = {}  # trained models of this split and seed, for posterior-only variants
                 for spec in specs:
                     if spec.max_n is not None and ds.n_train > spec.max_n:
                         continue
@@ -67,14 +73,19 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                         log(f"done already: {spec.name} on {name} split {split} seed {seed}")
                         continue
                     record = {**base, **context, **run_one(spec, ds, seed=seed, dtype=protocol.dtype,
-                                                           device=device, progress=progress)}
+                                                           device=device, progress=progress, trained=trained)}
                     store.append(record)
                     log(_line(record))
     return store.path
 
 
-def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False) -> dict:
-    """Train and evaluate one method on one dataset split; never raises (an error becomes the record)."""
+def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False,
+            trained: dict | None = None) -> dict:
+    """Train and evaluate one method on one dataset split; never raises (an error becomes the record).
+
+    ``trained`` (optional, per split and seed) keeps our trained models, so that an entry differing from an
+    earlier one only in posterior options refits that model's posterior instead of training again.
+    """
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     Xtr, ytr, Xte = (torch.tensor(a, dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train, ds.X_test))
@@ -83,17 +94,29 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
         options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
         if "n_inducing" in options:
             options["n_inducing"] = min(options["n_inducing"], ds.n_train)
-        runner = _run_peer if spec.key.startswith("gpytorch-") else _run_ours
         with PeakMemory(device) as peak:
             tic = time.perf_counter()
-            predict, seconds_per_epoch, epochs = runner(spec.key, options, train, Xtr, ytr, seed, progress)
+            if spec.key.startswith("gpytorch-"):
+                predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
+                reused = None
+            else:
+                predict, seconds_per_epoch, epochs, reused = _run_ours(spec, options, train, Xtr, ytr, seed,
+                                                                      progress, {} if trained is None else trained)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
             mean, var = (t.double().cpu().numpy() for t in predict(Xte))
             predict_seconds = time.perf_counter() - tic
+        peak_mb = peak.mb
+        if reused is not None:
+            record["reused_training_of"] = reused["label"]
+            train_seconds += reused["train_seconds"]
+            peak_mb = max(peak_mb or 0.0, reused["peak_memory_mb"] or 0.0) or None
         record.update(_scores(ds, mean, var), status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
-                      peak_memory_mb=peak.mb)
+                      peak_memory_mb=peak_mb)
+        if trained is not None and reused is None and not spec.key.startswith("gpytorch-"):
+            trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
+                                                        "peak_memory_mb": peak_mb}
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
@@ -110,15 +133,39 @@ def _warm_up(specs, dtype, device) -> None:
         run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)
 
 
-def _run_ours(key, options, train, X, y, seed, progress):
-    model = get_model_class(key)(X.shape[1], **options).to(dtype=X.dtype, device=X.device)
-    result = fit(model, X, y, seed=seed, progress=progress, **train)
+def _run_ours(spec, options, train, X, y, seed, progress, trained):
+    """Train spec's model, or refit the posterior of a trained one that differs only in posterior options.
+    Returns (predict, seconds per epoch, epochs, the reused run or None)."""
+    cls = get_model_class(spec.key)
+    identity = _training_identity(spec)
+    earlier = trained.get(identity)
+    if earlier is not None and "run" in earlier:
+        model = copy.deepcopy(earlier["model"])
+        for name in cls.posterior_options:
+            setattr(model, name, options.get(name, _default(cls, name)))
+        model.fit_posterior(X, y)
+        result, reused = earlier["result"], earlier["run"]
+    else:
+        model = cls(X.shape[1], **options).to(dtype=X.dtype, device=X.device)
+        result, reused = fit(model, X, y, seed=seed, progress=progress, **train), None
+        trained[identity] = {"model": model, "result": result}
 
     def predict(Xs):
         with torch.no_grad():
             return model.likelihood.predictive(*model.predict(Xs))
 
-    return predict, result.seconds_per_epoch, result.epochs_run
+    return predict, result.seconds_per_epoch, result.epochs_run, reused
+
+
+def _training_identity(spec: MethodSpec) -> str:
+    """What determines the trained model: the key and every option but the posterior-only ones."""
+    posterior = get_model_class(spec.key).posterior_options
+    return json.dumps([spec.key, {k: v for k, v in spec.options.items() if k not in posterior}],
+                      sort_keys=True, default=str)
+
+
+def _default(cls, name: str):
+    return inspect.signature(cls.__init__).parameters[name].default
 
 
 def _run_peer(key, options, train, X, y, seed, progress):

@@ -1,7 +1,8 @@
 """Benchmark results in SQLite: one row per run, appended; the schema is versioned.
 
 A run is identified by (protocol, protocol_version, method, options, dataset, split, seed); ``--resume`` skips
-the identities that already have a successful row.
+the identities that already have a successful row. A file of an older schema is brought up to date when opened if
+the newer one only adds columns (:data:`MIGRATIONS`); any other mismatch is an error.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -26,11 +27,14 @@ COLUMNS: dict[str, str] = {
     "rmse_original": "REAL",  # RMSE in the units of y
     "train_seconds": "REAL", "seconds_per_epoch": "REAL", "predict_seconds": "REAL", "epochs": "INTEGER",
     "peak_memory_mb": "REAL",
+    "reused_training_of": "TEXT",  # the method whose trained model this run refitted (posterior options only)
     "dtype": "TEXT", "device": "TEXT",
     "gpscale_version": "TEXT", "torch_version": "TEXT", "gpytorch_version": "TEXT",
     "machine": "TEXT", "cpu": "TEXT", "cores": "INTEGER",
     "date": "TEXT", "git_commit": "TEXT",
 }
+# schema version -> the columns added by the next version
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",)}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 
@@ -46,11 +50,19 @@ class ResultsStore:
             row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             if row is None:
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise ValueError(f"{self.path} has results schema {row[0]}, this gpscale writes {SCHEMA_VERSION}: "
-                                 "use a new results file.")
+            else:
+                self._migrate(db, int(row[0]))
             columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items())
             db.execute(f"CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, {columns})")
+
+    def _migrate(self, db: sqlite3.Connection, version: int) -> None:
+        if not all(v in MIGRATIONS for v in range(version, SCHEMA_VERSION)) or version > SCHEMA_VERSION:
+            raise ValueError(f"{self.path} has results schema {version}, this gpscale writes {SCHEMA_VERSION}: "
+                             "use a new results file.")
+        for v in range(version, SCHEMA_VERSION):
+            for name in MIGRATIONS[v]:
+                db.execute(f"ALTER TABLE runs ADD COLUMN {name} {COLUMNS[name]}")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _connect(self) -> sqlite3.Connection:
         try:

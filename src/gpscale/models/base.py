@@ -57,11 +57,14 @@ class GPModel(nn.Module):
         noise_floor: lower bound of a learned noise variance.
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
-    Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds).
+    Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds), and
+    list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
+    takes new values of those by setting the attribute and refitting the posterior, without retraining.
     """
 
     key: str = ""
     full_batch: bool = False
+    posterior_options: tuple[str, ...] = ()
 
     def __init__(
         self,

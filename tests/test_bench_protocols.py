@@ -11,7 +11,7 @@ from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
 
 ALL = sorted(PROTOCOLS)
-SOFTKI_PROTOCOLS = ("softki-table1", "softki-md17", "softki-noise")
+SOFTKI_PROTOCOLS = ("softki-table1", "softki-table2", "softki-md17", "softki-noise", "softki-scale")
 
 
 def _peer_keys() -> set[str] | None:

@@ -145,6 +145,19 @@ def test_rmd17_features_targets_and_fixed_splits(folder):
         load_dataset("rmd17_mol", split=5, data_dir=folder)
 
 
+def test_rmd17_inverse_distance_features(folder):
+    raw = np.load(folder / "md" / "rmd17_mol.npz")
+    ds = load_dataset("rmd17_mol", split=2, data_dir=folder, molecule_features="inverse_distances")
+    assert ds.d == 1  # two atoms, one pair
+    R = raw["R"][raw["train_idx"][2]].astype(np.float64)
+    np.testing.assert_allclose(ds.X_train[:, 0] * ds.x_std[0] + ds.x_mean[0],
+                               1 / np.linalg.norm(R[:, 0] - R[:, 1], axis=-1), rtol=1e-12)
+    with pytest.raises(ValueError, match="rMD17 sets only"):
+        load_dataset("toy", data_dir=folder, molecule_features="inverse_distances")
+    with pytest.raises(ValueError, match="molecule_features must be one of"):
+        load_dataset("rmd17_mol", data_dir=folder, molecule_features="coulomb")
+
+
 def test_rmd17_short_molecule_name(folder):
     short = load_dataset("mol", split=1, data_dir=folder)
     assert short.name == "rmd17_mol"

@@ -10,6 +10,7 @@ uci/<name>.npz         X [n, d], y [n], test_fold [n]              10 fixed fold
 uci_pbp/<name>.npz     X [n, d], y [n], train_idx/test_idx [S, .]  S fixed splits (rows of the index arrays)
 pmlb/<id>_<name>.npz   X [n, d], y [n]                             seeded random 90/10
 md/rmd17_<mol>.npz     R [n, A, 3], E [n], train_idx/test_idx      5 fixed splits; X = R flattened [n, 3A]
+                                                                   (or 1 / pairwise distances [n, A(A-1)/2])
 geo/etopo2022_...npz   lat, lon (degrees), elev_mean [n]           seeded random 90/10; X = unit vectors
 images/mnist5k.npz     images [n, 28, 28] uint8, labels [n]        seeded random 90/10; X = pixels / 255
 =====================  ==========================================  ======================================
@@ -49,6 +50,7 @@ UCI_SIZES = {
     "tamielectric": (45781, 3), "wine": (1599, 11), "yacht": (308, 6),
 }
 UCI_N_SPLITS = 10
+MOLECULE_FEATURES = ("cartesian", "inverse_distances")
 KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
 GENERATED = {"friedman1": 10, "gp_sample": 2}  # name -> d
 DEFAULT_N_GENERATED = 40_000
@@ -160,7 +162,8 @@ _GENERATORS = {"friedman1": make_friedman1, "gp_sample": make_gp_sample}
 
 
 def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_fraction: float = 0.1,
-                 max_train: int | None = None, n: int | None = None) -> Dataset:
+                 max_train: int | None = None, n: int | None = None,
+                 molecule_features: str = "cartesian") -> Dataset:
     """Load one train/test split of a data set, standardised with training statistics.
 
     Args:
@@ -171,6 +174,9 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
         test_fraction: test share of random splits (ignored by fixed splits).
         max_train: keep a random subset of this many training points (quick runs); statistics use the subset.
         n: number of points of a generated set (default 40,000).
+        molecule_features: inputs of an rMD17 set: ``'cartesian'`` (the flattened coordinates, as the SoftKI
+            paper's MD22 experiments) or ``'inverse_distances'`` (1 / r_ij for every atom pair: invariant to
+            rotations and translations of the molecule, which an RBF on raw coordinates is not).
     Raises:
         FileNotFoundError: no data folder or no file for ``name`` (the message says where it looked).
         ValueError: bad split, or non-finite values in the file.
@@ -184,6 +190,8 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
     if n is not None and name not in _GENERATORS:
         raise ValueError(f"n= sets the size of a generated set ({sorted(_GENERATORS)}), not of {name!r}; "
                          "use max_train= to subsample.")
+    if molecule_features not in MOLECULE_FEATURES:
+        raise ValueError(f"molecule_features must be one of {MOLECULE_FEATURES}, got {molecule_features!r}.")
     rng = np.random.default_rng([seed, split])
     if name in _GENERATORS:
         X, y = _GENERATORS[name](DEFAULT_N_GENERATED if n is None else n, rng)
@@ -192,8 +200,10 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
     else:
         kind, path = _locate(name, _data_dir(data_dir))
         name, source = _canonical_name(kind, path), str(path)
+        if molecule_features != "cartesian" and kind != "md":
+            raise ValueError(f"molecule_features applies to rMD17 sets only, not to {name!r} ({kind}).")
         with np.load(path) as z:
-            X, y = _features(kind, z)
+            X, y = _features(kind, z, molecule_features)
             if not (np.isfinite(X).all() and np.isfinite(y).all()):
                 raise ValueError(f"{path} contains non-finite values; re-create or re-download the file.")
             if kind in ("uci", "uci_pbp", "md"):
@@ -263,11 +273,14 @@ def _canonical_name(kind: str, path: Path) -> str:
     return next((alias for alias, target in _ALIASES.items() if target == key), key)
 
 
-def _features(kind: str, z) -> tuple[np.ndarray, np.ndarray]:
+def _features(kind: str, z, molecule_features: str = "cartesian") -> tuple[np.ndarray, np.ndarray]:
     """Inputs X [n, d] and targets y [n] (float64) of one loaded npz file."""
     if kind == "md":
-        R = z["R"]
-        return R.reshape(R.shape[0], -1).astype(np.float64), z["E"].astype(np.float64)
+        R = z["R"].astype(np.float64)
+        if molecule_features == "inverse_distances":
+            i, j = np.triu_indices(R.shape[1], k=1)
+            return 1.0 / np.linalg.norm(R[:, i] - R[:, j], axis=-1), z["E"].astype(np.float64)
+        return R.reshape(R.shape[0], -1), z["E"].astype(np.float64)
     if kind == "geo":
         lat, lon = np.deg2rad(z["lat"].astype(np.float64)), np.deg2rad(z["lon"].astype(np.float64))
         X = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)

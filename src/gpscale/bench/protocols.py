@@ -251,6 +251,20 @@ register_protocol(Protocol(
            "from these rMD17 ones.",
 ))
 
+register_protocol(Protocol(
+    name="softki-md17-invariant",
+    version=1,
+    description="softki-md17 with rotation- and translation-invariant inputs: 1 / r_ij for every atom pair "
+                "(aspirin d = 210, ethanol and malonaldehyde d = 36) instead of Cartesian coordinates, which an "
+                "RBF kernel cannot relate across rotated frames. Same methods, settings and splits.",
+    methods=get_protocol("softki-md17").methods,
+    datasets={name: None for name in SOFTKI_MD17_DATASETS},
+    splits=(0, 1, 2),
+    dataset_options={name: {"molecule_features": "inverse_distances"} for name in SOFTKI_MD17_DATASETS},
+    requires_data=SOFTKI_MD17_DATASETS,
+    source="No published numbers (see softki-md17).",
+))
+
 SOFTKI_NOISE_DATASETS = tuple(_SOFTKI_TABLE5_RMSE)
 
 register_protocol(Protocol(

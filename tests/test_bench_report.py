@@ -10,7 +10,8 @@ from gpscale.bench.report import markdown_table, print_table, summarise, write_r
 from gpscale.bench.store import ResultsStore
 
 PROTOCOL = "test-report"
-PUBLISHED = {("sgpr", "pol"): {"rmse": 0.1234, "nlpd": -0.567}}
+PUBLISHED = {("sgpr", "pol"): {"rmse": 0.1234, "nlpd": -0.567, "seconds_per_epoch": 1.5,
+                               "seconds_per_epoch_std": 0.25}}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METHODS = ("sgpr", "gpytorch-sgpr", "svgp")
 LEVELS = [0.1, 0.5, 0.9]
@@ -152,6 +153,8 @@ def test_report_paper_numbers_failures_and_context(report):
     table = parse_tables(text)["pol"]
     assert float(table["sgpr"]["paper RMSE"]) == PUBLISHED[("sgpr", "pol")]["rmse"]
     assert float(table["sgpr"]["paper NLPD"]) == PUBLISHED[("sgpr", "pol")]["nlpd"]
+    assert table["sgpr"]["paper s/epoch"] == "1.5 ± 0.25"
+    assert table["sgpr"]["runs"] == "2"
     assert table["svgp"]["paper RMSE"] == "–"
     failures = text.split("## Failed runs")[1]
     assert "elevators / svgp, split 1" in failures
@@ -194,7 +197,7 @@ def test_report_rejects_a_missing_or_empty_store(tmp_path):
 def test_markdown_table_single_dataset(runs):
     table = markdown_table(summarise(runs), "elevators")
     lines = table.splitlines()
-    assert lines[0].startswith("| method | RMSE | NLPD | 95% cov. | train s | s/epoch | time vs GPyTorch |")
+    assert lines[0].startswith("| method | runs | RMSE | NLPD | 95% cov. | train s | s/epoch | time vs GPyTorch |")
     assert len(lines) == 2 + 3 and all("pol" not in line for line in lines)
 
 

@@ -209,6 +209,7 @@ def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
     post = _linear.collapse_cholesky(stats, noise)
     dense = MultivariateNormal(torch.zeros(40, dtype=torch.float64), Phi @ Phi.T + noise * torch.eye(40))
     torch.testing.assert_close(_linear.log_evidence(post, noise), dense.log_prob(y))
+    torch.testing.assert_close(_linear.residual_quad(Phi, y, post.weight_mean, noise, chunk_size=9), post.quad)
     # posterior of w: N(Sigma Phi^T y / s2, Sigma), Sigma = (I + Phi^T Phi / s2)^-1
     Sigma = torch.linalg.inv(torch.eye(6, dtype=torch.float64) + Phi.T @ Phi / noise)
     torch.testing.assert_close(post.weight_mean, Sigma @ Phi.T @ y / noise)

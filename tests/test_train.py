@@ -1,4 +1,5 @@
 import warnings
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -53,6 +54,28 @@ def test_minibatches_cover_every_point_once_per_epoch():
     assert len(seen) == 8 and [len(b) for b in seen[:4]] == [16, 16, 16, 2]
     assert sorted(first_epoch[:, 0].tolist()) == sorted(X[:, 0].tolist())
     assert not torch.equal(torch.cat(seen[:4]), torch.cat(seen[4:]))  # reshuffled
+
+
+def test_the_optimiser_takes_the_models_parameter_groups():
+    X, y = toy_regression(n=40)
+    model = sgpr(learn_inducing=False)
+    seen = []
+    adam = torch.optim.Adam
+
+    def spy(groups, **kwargs):
+        seen.append(groups)
+        return adam(groups, **kwargs)
+
+    with patch("torch.optim.Adam", spy):
+        fit(model, X, y, epochs=1, progress=False)
+    # the default: one group of every trainable parameter (the frozen inducing points excluded), Adam's defaults
+    assert len(seen[0]) == 1 and seen[0][0]["weight_decay"] == 0
+    assert {id(p) for p in seen[0][0]["params"]} == {id(p) for p in model.parameters() if p.requires_grad}
+    assert all(p is not model.Z for p in seen[0][0]["params"])
+    groups = [{"params": [model.likelihood.raw_noise], "weight_decay": 0.5}]
+    with patch.object(model, "parameter_groups", return_value=groups), patch("torch.optim.Adam", spy):
+        fit(model, X, y, epochs=1, progress=False)
+    assert seen[1] is groups
 
 
 def test_cosine_schedule_anneals_learning_rate():

@@ -125,8 +125,7 @@ def fit(
 def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, batch_size, lr, schedule,
               patience, progress, checkpoint) -> None:
     model.clear_cache()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimiser = torch.optim.Adam(params, lr=lr)
+    optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
     scheduler = _make_scheduler(schedule, optimiser, epochs)
     best = {"nlpd": math.inf, "state": None, "epoch": None, "bad": 0}
     first = 0

@@ -28,8 +28,8 @@ from torch.utils.checkpoint import checkpoint
 from ..distributed import LOCAL, Comm
 from ..linalg import StreamingQR, cholesky, logdet_from_cholesky, solve_lower
 
-__all__ = ["Statistics", "Collapsed", "accumulate", "collapse_cholesky", "collapse_qr", "log_evidence",
-           "predict_linear"]
+__all__ = ["Statistics", "Collapsed", "accumulate", "collapse_cholesky", "collapse_qr", "residual_quad",
+           "log_evidence", "predict_linear"]
 
 CORE = torch.float64
 
@@ -144,6 +144,21 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
     R = qr.R
     return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=X.shape[0],
                      feature_trace=feature_trace, prior_trace=prior_trace)
+
+
+def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *, chunk_size: int) -> Tensor:
+    """``y^T (Phi Phi^T + sigma^2 I)^{-1} y`` in residual form, for features Phi [n, r] held in memory:
+
+        quad = (||y - Phi mu||^2 + sigma^2 ||mu||^2) / sigma^2,    mu = E[w | y] [r].
+
+    Both terms are non-negative, so nothing cancels, unlike ``yy / sigma^2 - c^T c`` (two numbers of order
+    n / sigma^2 whose difference can be O(1) when sigma^2 is tiny). An error in mu enters only to second order,
+    because mu minimises the numerator. Differentiable; rows are cast to float64 one chunk at a time.
+    """
+    s2 = noise.to(CORE)
+    rss = sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
+              for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size)))
+    return (rss + s2 * (weight_mean @ weight_mean)) / s2
 
 
 def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:

@@ -117,6 +117,14 @@ class GPModel(nn.Module):
         parts = [self.predict_chunk(Xc) for Xc in X.split(self.chunk_size)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
 
+    def parameter_groups(self) -> list[dict]:
+        """The trainable parameters as ``torch.optim`` parameter groups; :func:`gpscale.train.fit` optimises these.
+
+        Default: one group with the optimiser's defaults. A model overrides this to give some parameters their own
+        options, e.g. weight decay on a neural network but not on the noise or the variational parameters.
+        """
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
     def clear_cache(self) -> None:
         """Forget the posterior; training calls this because new hyperparameters make it stale."""
         self.cache = {}

@@ -1,0 +1,411 @@
+"""Deep Basis Kernel GPs (Zhu, Yuchi & Xie 2025, arXiv 2505.18526 v1; spec: shared/specs/lrdkd.md).
+
+A network phi: R^d -> R^r outputs r basis functions, and the kernel is their inner product (spec §3.2, eq. 4):
+
+    k(x, x') = phi(x)^T phi(x'),     K_XX = Phi Phi^T  [n, n], rank <= r,
+
+a truncated Mercer expansion with the eigenvalues absorbed into the bases: no output scale, no orthogonality and no
+normalisation, so the prior variance k(x, x) = ||phi(x)||^2 depends on x. In weight space f(x) = phi(x)^T w with
+w ~ N(0, I_r) (eq. 7): a Bayesian linear model, so exact inference is the linear engine's (``_linear.py``) with
+``Lambda = Phi^T Phi + sigma^2 I = sigma^2 B``, in O(n r^2) time and O(n r) memory, never n x n:
+
+    log p(y)  = -n/2 log 2 pi - (n - r)/2 log sigma^2 - 1/2 log|Lambda| - 1/2 y^T Sigma^{-1} y        (eq. 5)
+    y^T Sigma^{-1} y = (||y - Phi alpha||^2 + sigma^2 ||alpha||^2) / sigma^2,   alpha = Lambda^{-1} Phi^T y
+    E[f* | y] = phi*^T alpha,   Var[f* | y] = sigma^2 phi*^T Lambda^{-1} phi*                         (eq. 6)
+
+(the engine's ``-n/2 log sigma^2 - 1/2 log|B|`` is eq. 5's ``-(n - r)/2 log sigma^2 - 1/2 log|Lambda|``).
+
+Two registered methods, the paper's two rows of every table:
+
+- ``dbk``: exact inference, trained full batch on eq. 5 (Algorithm 9.1).
+- ``svdbk``: stochastic variational inference on w, ``q(w) = N(m, L L^T)`` with L lower triangular, trained on
+  minibatches with the ELBO of eq. 9 (n/b scaling) and predicting with eq. 10 (``Var f* = ||L^T phi*||^2``).
+
+They are two keys rather than an ``inference=`` option of one, because they differ in what the rest of gpscale
+reads from the class: the trainer minibatches unless ``full_batch`` (a property of the objective), and SVDBK has
+variational parameters (m, L) that exact DBK has not, so each key's options and saved state are exactly its own.
+This is the same split as ``sgpr`` / ``svgp``, and the benchmark protocols can name the paper's rows by key.
+
+**Variance correction** (spec §6), on by default; ``correction=False`` gives the paper's "-c" ablations. Marginal
+likelihood training drifts toward the rank-1 kernel y y^T with sigma^2 -> 0 (Theorem 1), and then every interval
+vanishes, because the posterior variance is proportional to sigma^2. The correction pads the prior variance to a
+uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel ``c(x, x) = max(k_max, k(x, x))
+- k(x, x)``:
+
+- training maximises the Titsias-style bound ``log p(y) - tr(C_XX) / (2 sigma^2)`` on the corrected evidence
+  (eq. 11); on a minibatch the trace is scaled by n/b and uses the batch max (biased low, as the paper specifies);
+- prediction uses the corrected kernel, i.e. heteroscedastic noise ``sigma^2 + c(x)`` (eq. 12): exact DBK
+  refits the posterior on rows scaled by ``D^{-1/2}``, ``D = 1 + c / sigma^2`` (the paper's "Phi^ = D^{-1/2} Phi",
+  misprinted there as D^{-1/2} Phi^T), and every method adds c(x*) to the latent variance. The training maximum is
+  the one used for test points, never a test chunk's.
+
+**Optimisation recipe** (spec §8.2): sigma^2 starts at 1e-2 with floor 1e-6; weight decay 1e-4 (coupled, as
+``torch.optim.Adam``'s ``weight_decay``) on the network's parameters only, through :meth:`parameter_groups`, never
+on sigma^2, m or L. The loss is divided by n, as every gpscale loss (and GPyTorch's ``ExactMarginalLogLikelihood``),
+so the decay acts against the per-point objective.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed import LOCAL, Comm
+from ..kernels import Kernel, inverse_softplus
+from . import _linear
+from ._linear import CORE
+from ._variational import gauss_kl_whitened
+from .base import GPModel, register
+
+__all__ = ["DeepBasisKernel", "DBK", "SVDBK", "mlp", "residual_mlp", "prior_variance", "variance_correction",
+           "trace_penalty"]
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
+NETWORKS = ("mlp", "resnet")
+
+
+# --- backbones (spec §8.1; the paper gives no wiring, these are the spec's recommended reading) ------------------
+def mlp(d: int, r: int, depth: int = 2, width: int = 128, activation: str = "tanh") -> nn.Sequential:
+    """``Linear(d, w) -> act -> [Linear(w, w) -> act] x (depth - 1) -> Linear(w, r)``: ``depth`` hidden layers
+    and a linear output with bias. The paper's synthetic-data backbone is depth 2, width 128, tanh."""
+    act = ACTIVATIONS[activation]
+    layers: list[nn.Module] = [nn.Linear(d, width), act()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), act()]
+    return nn.Sequential(*layers, nn.Linear(width, r))
+
+
+class ResidualLayer(nn.Module):
+    """``h -> h + act(Linear(w, w)(h))``."""
+
+    def __init__(self, width: int, activation: str):
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+        self.act = ACTIVATIONS[activation]()
+
+    def forward(self, h: Tensor) -> Tensor:
+        return h + self.act(self.linear(h))
+
+
+def residual_mlp(d: int, r: int, depth: int = 2, width: int = 128, activation: str = "tanh") -> nn.Sequential:
+    """``Linear(d, w) -> act -> ResidualLayer x (depth - 1) -> Linear(w, r)``: the :func:`mlp` of the same depth
+    with a skip connection around each hidden layer after the first. The paper's real-data backbone ("2-layer
+    ResNet") is depth 2, width 128, tanh."""
+    act = ACTIVATIONS[activation]
+    blocks = [ResidualLayer(width, activation) for _ in range(depth - 1)]
+    return nn.Sequential(nn.Linear(d, width), act(), *blocks, nn.Linear(width, r))
+
+
+# --- the kernel and its correction (spec §3.2, §6.3) --------------------------------------------------------------
+def prior_variance(Phi: Tensor) -> Tensor:
+    """``k(x_i, x_i) = ||phi(x_i)||^2`` [n] for basis rows Phi [n, r]: the DBK prior variance, which varies with x."""
+    return (Phi * Phi).sum(-1)
+
+
+def variance_correction(k: Tensor, k_max: Tensor) -> Tensor:
+    """``c(x, x) = max(k_max, k(x, x)) - k(x, x) >= 0`` [n] for prior variances k [n] (spec §6.3).
+
+    It pads every prior variance up to the training maximum k_max, so ``k + c`` is uniform on the training set; it
+    is 0 at the argmax, and at a test point whose prior variance exceeds k_max.
+    """
+    return (k_max - k).clamp_min(0.0)
+
+
+def trace_penalty(k: Tensor, k_max: Tensor, noise: Tensor, num_data: int) -> Tensor:
+    """``tr(C_XX) / (2 sigma^2)`` estimated from b rows with prior variances k [b] (eq. 11, spec §6.3):
+
+        (num_data / b) sum_i (k_max - k_i) / (2 sigma^2).
+
+    With every row and k_max = max_i k_i it is exact, ``(n k_max - sum_i k_i) / (2 sigma^2)``; on a minibatch it is
+    unbiased for a given k_max. It is divided by sigma^2: this is what makes sigma^2 -> 0 costly (pitfall 7).
+    """
+    return (num_data / k.shape[0]) * (k_max - k).sum() / (2 * noise)
+
+
+class DeepBasisKernel(Kernel):
+    """``k(x, x') = phi(x)^T phi(x')`` for a network ``phi`` mapping X [c, d] to Phi [c, r].
+
+    Args:
+        network: any ``torch.nn.Module`` that acts on each row separately (no batch norm in training mode): the
+            model chunks its inputs.
+        n_basis: r, the network's output width.
+        scale_basis: use ``phi = network(x) / sqrt(r)``, which keeps ||phi||^2 = O(1) at initialisation whatever r.
+            Not in the paper (a third-party reimplementation's trick, spec §11, §14); off by default.
+    """
+
+    def __init__(self, network: nn.Module, n_basis: int, scale_basis: bool = False):
+        super().__init__()
+        self.network = network
+        self.n_basis = int(n_basis)
+        self.scale_basis = bool(scale_basis)
+
+    def basis(self, X: Tensor) -> Tensor:
+        """Phi = phi(X) [c, r] for X [c, d]."""
+        Phi = self.network(X)
+        if Phi.shape != (X.shape[0], self.n_basis):
+            raise ValueError(f"The network maps inputs {tuple(X.shape)} to {tuple(Phi.shape)}; a deep basis kernel "
+                             f"needs [{X.shape[0]}, n_basis={self.n_basis}].")
+        return Phi / math.sqrt(self.n_basis) if self.scale_basis else Phi
+
+    def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
+        """K [n1, n2] = Phi_1 Phi_2^T (dense: for inspection and tests; the models never form it)."""
+        return self.basis(X1) @ self.basis(X2).T
+
+    def diag(self, X: Tensor) -> Tensor:
+        return prior_variance(self.basis(X))
+
+
+# --- what dbk and svdbk share -------------------------------------------------------------------------------------
+class DeepBasisModel(GPModel):
+    """A GP with a deep basis kernel, the variance correction and weight decay on the network.
+
+    Args:
+        n_basis: r, the number of basis functions (the paper's default 128; 1 for its "-r" ablations).
+        network: ``'resnet'`` (default: the paper's backbone on real data), ``'mlp'`` (its backbone on synthetic
+            data), or any ``torch.nn.Module`` mapping [c, d] to [c, n_basis], used as given (never re-initialised).
+        depth, width, activation: hidden layers, units per layer and ``'tanh'``/``'relu'``/``'silu'``/``'gelu'`` of
+            the built-in networks (default 2, 128, tanh, as the paper). Built-in networks get PyTorch's default
+            initialisation in :meth:`init`, from the seed of :func:`gpscale.train.fit`.
+        scale_basis: divide the network output by sqrt(r) (not in the paper; see :class:`DeepBasisKernel`).
+        correction: the variance correction in training and prediction (default True); False is the "-c" ablation.
+        weight_decay: Adam's coupled L2 weight decay on the network's parameters only (default 1e-4, the paper's).
+        noise: initial sigma^2 (default 1e-2, the paper's); ``noise_floor`` (default 1e-6) bounds it below.
+        kernel: accepted only as None or ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method);
+            the deep basis kernel has no base kernel, so anything else is an error.
+        **kwargs: ``learn_noise``, ``noise_floor`` and ``chunk_size`` of :class:`GPModel`.
+    """
+
+    def __init__(self, n_features: int, n_basis: int = 128, network: str | nn.Module = "resnet", depth: int = 2,
+                 width: int = 128, activation: str = "tanh", scale_basis: bool = False, correction: bool = True,
+                 weight_decay: float = 1e-4, *, kernel: str | None = None, noise: float = 1e-2, **kwargs):
+        _check_options(n_basis=n_basis, network=network, depth=depth, width=width, activation=activation,
+                       weight_decay=weight_decay, kernel=kernel, kwargs=kwargs)
+        builtin = not isinstance(network, nn.Module)
+        if builtin:
+            build = mlp if network == "mlp" else residual_mlp
+            network = build(int(n_features), int(n_basis), int(depth), int(width), activation)
+        super().__init__(n_features, kernel=DeepBasisKernel(network, n_basis, scale_basis), noise=noise, **kwargs)
+        self.n_basis = int(n_basis)
+        self.builtin_network = builtin
+        self.correction = bool(correction)
+        self.weight_decay = float(weight_decay)
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible
+        if self.builtin_network:
+            for layer in self.kernel.network.modules():
+                if isinstance(layer, nn.Linear):
+                    layer.reset_parameters()
+
+    def parameter_groups(self) -> list[dict]:
+        """Weight decay on the network's parameters only (pitfall 9), none on sigma^2 or q(w)."""
+        network = [p for p in self.kernel.network.parameters() if p.requires_grad]
+        in_network = {id(p) for p in network}
+        others = [p for p in self.parameters() if p.requires_grad and id(p) not in in_network]
+        groups = [{"params": network, "weight_decay": self.weight_decay}, {"params": others, "weight_decay": 0.0}]
+        return [group for group in groups if group["params"]]
+
+    def penalty(self, Phi: Tensor, num_data: int) -> Tensor:
+        """The trace penalty (float64 scalar) from the basis rows Phi [b, r] of a set of ``num_data`` points, with
+        k_max the max over these rows: all of them in exact training, the batch in SVI.
+
+        The gradient goes through the max (to the argmax row, as ``torch.max`` routes it), as in the paper. That
+        gradient is what holds the largest prior variance down: with k_max detached (a variant spec §14 allows) the
+        penalty pushes every ||phi_i||^2 up, the largest included, and on the toy problem of test_dbk's regressor
+        test the test RMSE went from 0.10 to 1.09 (dbk) and from 0.14 to 4.9 (svdbk). So it is not an option.
+        """
+        k = prior_variance(Phi).to(CORE)
+        return trace_penalty(k, k.max(), self.noise.to(CORE), num_data)
+
+    @torch.no_grad()
+    def max_prior_variance(self, X: Tensor) -> Tensor:
+        """k_max = max_i ||phi(x_i)||^2 over the rows of X [n, d], one chunk at a time (float64 scalar)."""
+        maxima = [prior_variance(self.kernel.basis(Xc)).max() for Xc in X.split(self.chunk_size)]
+        return torch.stack(maxima).max().to(CORE)
+
+    def predictive_correction(self, Phi: Tensor) -> Tensor:
+        """c(x*) [c] for test rows Phi [c, r] (float64) against the training k_max; zero without the correction."""
+        if not self.correction:
+            return torch.zeros(Phi.shape[0], dtype=CORE, device=Phi.device)
+        return variance_correction(prior_variance(Phi), self.cache["k_max"])
+
+
+def _check_options(*, n_basis, network, depth, width, activation, weight_decay, kernel, kwargs) -> None:
+    if not isinstance(network, nn.Module) and network not in NETWORKS:
+        raise ValueError(f"network must be 'mlp', 'resnet' or a torch.nn.Module, got {network!r}.")
+    for name, value in (("n_basis", n_basis), ("depth", depth), ("width", width)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"Expected {name} to be a positive integer. Got {value!r}.")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}.")
+    if not weight_decay >= 0:
+        raise ValueError(f"Expected weight_decay >= 0. Got {weight_decay!r}.")
+    if kernel not in (None, "rbf"):
+        raise ValueError(f"A deep basis kernel is phi(x)^T phi(x'), set by the network option; it takes no "
+                         f"kernel, got kernel={kernel!r}.")
+    stationary = sorted({"ard", "lengthscale", "outputscale"} & kwargs.keys())
+    if stationary:
+        raise ValueError(f"{', '.join(stationary)} belong to stationary kernels; a deep basis kernel has none.")
+
+
+# --- exact inference ----------------------------------------------------------------------------------------------
+@register("dbk")
+class DBK(DeepBasisModel):
+    """Deep basis kernel GP with exact inference, trained full batch (spec §4, Algorithm 9.1).
+
+    Each step computes Phi [n, r] for all n rows, because the trace penalty's max couples them; the network runs
+    in chunks of ``chunk_size`` rows, each checkpointed when there are several, so its activations are held for
+    one chunk at a time. ``Phi^T Phi`` and its Cholesky are float64 whatever the model dtype (pitfall 2).
+    For n beyond a few 10^5, use ``svdbk``.
+
+    Args: those of :class:`DeepBasisModel`.
+    """
+
+    full_batch = True
+
+    def features(self, X: Tensor) -> Tensor:
+        """Phi = phi(X) [n, r], computed ``chunk_size`` rows at a time."""
+        chunks = X.split(self.chunk_size)
+        if torch.is_grad_enabled() and len(chunks) > 1:
+            return torch.cat([checkpoint(self.kernel.basis, Xc, use_reentrant=False) for Xc in chunks])
+        return torch.cat([self.kernel.basis(Xc) for Xc in chunks])
+
+    def posterior(self, Phi: Tensor, y: Tensor) -> _linear.Collapsed:
+        """The engine's posterior of w from basis rows Phi [n, r] and targets y [n]."""
+        stats = _linear.accumulate(_in_core, Phi, y.to(CORE), chunk_size=self.chunk_size)
+        return _linear.collapse_cholesky(stats, self.noise)
+
+    def evidence(self, Phi: Tensor, y: Tensor) -> Tensor:
+        """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (eq. 5) with the cancellation-free data fit (float64 scalar)."""
+        post = self.posterior(Phi, y)
+        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size)
+        return _linear.log_evidence(replace(post, quad=quad), self.noise)
+
+    def heteroscedastic_rows(self, Phi: Tensor, y: Tensor, k_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows scaled for the corrected model (spec §6.4): ``Phi^ = D^{-1/2} Phi`` [n, r], ``y^ = D^{-1/2} y``
+        [n] and D [n], with ``D_i = (sigma^2 + c_i) / sigma^2``: ``Phi Phi^T + C + sigma^2 I = D^{1/2} (Phi^ Phi^^T
+        + sigma^2 I) D^{1/2}``, so the corrected GP is the plain one on scaled rows."""
+        D = 1 + variance_correction(prior_variance(Phi), k_max) / self.noise.to(Phi.dtype)
+        scale = D.rsqrt()
+        return Phi * scale.unsqueeze(-1), y * scale, D
+
+    def log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
+        """log p(y) of eq. 5 in O(n r^2) (float64 scalar, differentiable)."""
+        return self.evidence(self.features(X), y)
+
+    def corrected_log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
+        """``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)``, the evidence of the corrected model that the training
+        objective bounds (spec §6.4; for diagnostics): ``log N(y^ | 0, Phi^ Phi^^T + sigma^2 I) - 1/2 sum log D``."""
+        Phi = self.features(X)
+        Phi_hat, y_hat, D = self.heteroscedastic_rows(Phi, y, prior_variance(Phi).max())
+        return self.evidence(Phi_hat, y_hat) - 0.5 * D.to(CORE).log().sum()
+
+    def objective(self, X: Tensor, y: Tensor) -> Tensor:
+        """``J = log p(y) - tr(C_XX) / (2 sigma^2)`` (eq. 5 minus the penalty of eq. 11), or log p(y) without the
+        correction (float64 scalar)."""
+        Phi = self.features(X)
+        lml = self.evidence(Phi, y)
+        return lml - self.penalty(Phi, X.shape[0]) if self.correction else lml
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return -self.objective(X, y) / num_data
+
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        if comm.world_size > 1:  # pragma: no cover - exact DBK trains full batch in one process
+            raise NotImplementedError("Exact DBK runs in one process; use svdbk under torchrun.")
+        Phi = self.features(X)
+        cache = {}
+        if self.correction:  # the corrected GP is the plain one on rows scaled by D^{-1/2}
+            cache["k_max"] = prior_variance(Phi).max().to(CORE)
+            Phi, y, _ = self.heteroscedastic_rows(Phi, y, cache["k_max"])
+        post = self.posterior(Phi, y)
+        self.cache = {**cache, "L_B": post.L_B, "w_mean": post.weight_mean}
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean ``phi*^T alpha`` and variance ``sigma^2 ||L_Lambda^-1 phi*||^2 + c(x*)`` [c] (eqs. 6 and 12; alpha
+        and Lambda of the scaled rows with the correction)."""
+        Phi = self.kernel.basis(X).to(CORE)  # [c, r]
+        mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
+        return mean.to(X.dtype), (var + self.predictive_correction(Phi)).to(X.dtype)
+
+
+def _in_core(Phi: Tensor) -> Tensor:
+    # the engine's feature map over rows of Phi: float64, so Phi^T Phi is summed at the precision of the core
+    return Phi.to(CORE)
+
+
+# --- stochastic variational inference -----------------------------------------------------------------------------
+@register("svdbk")
+class SVDBK(DeepBasisModel):
+    """Deep basis kernel GP with stochastic variational inference on w (SVDBK, spec §5), trained on minibatches.
+
+    ``q(w) = N(m, L L^T)`` with ``L = tril(raw, -1) + diag(softplus(raw_diag))``, so diag(L) > 0 and log|L L^T| is
+    finite; it starts at the prior (m = 0, L = I). Each step costs O(b r^2). Prediction needs k_max over the whole
+    training set, which :meth:`fit_posterior` computes in one pass.
+
+    Args: those of :class:`DeepBasisModel`.
+    """
+
+    def __init__(self, n_features: int, **kwargs):
+        super().__init__(n_features, **kwargs)
+        r = self.n_basis
+        self.q_mu = nn.Parameter(torch.zeros(r))
+        self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
+        self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        super().init(X, y, seed)
+        with torch.no_grad():  # q(w) = p(w), whatever an earlier fit left
+            self.q_mu.zero_()
+            self.q_sqrt_tril.zero_()
+            self.q_sqrt_diag.copy_(inverse_softplus(torch.ones_like(self.q_sqrt_diag)))
+
+    @property
+    def q_sqrt(self) -> Tensor:
+        """L [r, r], lower triangular with a positive diagonal."""
+        return torch.tril(self.q_sqrt_tril, -1) + torch.diag(nn.functional.softplus(self.q_sqrt_diag))
+
+    def elbo_from_basis(self, Phi: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """Eq. 9 from basis rows Phi [b, r] and targets y [b] (float64 scalar):
+
+            (n / b) sum_i [log N(y_i | m^T phi_i, sigma^2) - ||L^T phi_i||^2 / (2 sigma^2)] - KL(q(w) || N(0, I)).
+        """
+        L = self.q_sqrt.to(Phi.dtype)
+        mean = Phi @ self.q_mu.to(Phi.dtype)  # [b]
+        var = ((Phi @ L) ** 2).sum(-1)  # ||L^T phi_i||^2: rows phi_i^T L (pitfall 8)
+        expected = self.likelihood.expected_log_prob(y, mean, var).sum()
+        return (num_data / Phi.shape[0]) * expected.to(CORE) - gauss_kl_whitened(self.q_mu.to(CORE), L.to(CORE))
+
+    def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """Unbiased minibatch estimate of the ELBO (eq. 8) of a set of ``num_data`` points; tight at q = p(w | y)."""
+        return self.elbo_from_basis(self.kernel.basis(X), y, num_data)
+
+    def objective(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """The ELBO minus the batch trace penalty (spec §6.3), or the ELBO without the correction."""
+        Phi = self.kernel.basis(X)
+        elbo = self.elbo_from_basis(Phi, y, num_data)
+        return elbo - self.penalty(Phi, num_data) if self.correction else elbo
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return -self.objective(X, y, num_data) / num_data
+
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        # q(w) is the posterior; the correction also needs the training k_max (spec §9.4)
+        self.cache = {"q_mu": self.q_mu.detach().to(CORE), "q_sqrt": self.q_sqrt.detach().to(CORE)}
+        if self.correction:
+            if comm.world_size > 1:  # pragma: no cover - needs a max-reduction, which Comm does not have yet
+                raise NotImplementedError("The corrected SVDBK posterior needs k_max over all processes.")
+            self.cache["k_max"] = self.max_prior_variance(X)
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` [c] (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""
+        Phi = self.kernel.basis(X).to(CORE)  # [c, r]
+        mean = Phi @ self.cache["q_mu"]
+        var = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
+        return mean.to(X.dtype), (var + self.predictive_correction(Phi)).to(X.dtype)
+

@@ -3,11 +3,14 @@ from dataclasses import replace
 
 import pytest
 
+from gpscale.bench import runner
 from gpscale.bench.protocols import MethodSpec, Protocol, get_protocol
 from gpscale.bench.report import write_report
-from gpscale.bench.runner import run_protocol
+from gpscale.bench.runner import run_one, run_protocol
 from gpscale.bench.store import COLUMNS, MIGRATIONS, SCHEMA_VERSION, ResultsStore
 from gpscale.cli import main
+from gpscale.data import load_dataset
+from gpscale.train import fit
 
 TINY = Protocol(
     name="tiny-test",
@@ -125,6 +128,27 @@ def test_a_posterior_only_variant_reuses_the_trained_model(tmp_path):
     assert calibrated["rmse"] == pytest.approx(plain["rmse"], rel=1e-9)  # variance mode keeps the trained mean
     assert calibrated["nlpd"] < plain["nlpd"]
     assert other["rmse"] != plain["rmse"]  # a training option differs: trained anew
+
+
+def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
+    """val_fraction and patience are training options: fit() holds out the rows and stops early; given to the
+    model's constructor they would be an unknown option and the run an error."""
+    calls = []
+
+    def spy(model, X, y, **kwargs):
+        result = fit(model, X, y, **kwargs)
+        calls.append((kwargs, result, X.shape[0]))
+        return result
+
+    monkeypatch.setattr(runner, "fit", spy)
+    ds = load_dataset("friedman1", n=300)
+    spec = MethodSpec("svgp", dict(n_inducing=8, epochs=30, batch_size=64, lr=0.05, val_fraction=0.2, patience=1))
+    record = run_one(spec, ds, seed=0, dtype="float64")
+    assert record["status"] == "ok", record.get("error")
+    (kwargs, result, n), = calls
+    assert kwargs["val_fraction"] == 0.2 and kwargs["patience"] == 1 and n == ds.n_train
+    assert record["epochs"] == len(result.history) and all("val_nlpd" in h for h in result.history)
+    assert result.best_epoch is not None and (record["epochs"] < 30) == result.stopped_early
 
 
 def test_datasets_missing_from_the_data_folder_are_skipped_with_a_note(tmp_path, monkeypatch):

@@ -66,3 +66,11 @@ def test_data_list_runs_without_a_data_folder(monkeypatch, capsys):
     assert main(["data", "list"]) == 0
     out = capsys.readouterr().out
     assert "friedman1" in out and "pol" in out
+
+
+def test_figures_needs_a_known_figure(capsys):
+    assert main(["figures"]) == 2  # no figure named: the help, as for a bare `gpscale`
+    assert "figures" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main(["figures", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

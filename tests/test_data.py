@@ -114,6 +114,53 @@ def test_max_train_keeps_a_seeded_subset_and_its_statistics(folder):
     assert not np.array_equal(other.X_train, small.X_train)
 
 
+def test_random_split_replaces_the_fixed_folds_seeded_by_split_and_seed(folder):
+    ds = load_dataset("tiny", split=0, data_dir=folder, random_split=True, test_fraction=0.2)
+    train, test = _row_ids(ds, ds.y_train), _row_ids(ds, ds.y_test)
+    assert (ds.n_train, ds.n_test) == (48, 12)
+    assert sorted(np.r_[train, test]) == list(range(N_UCI))  # disjoint and covering
+    fold = np.load(folder / "uci" / "tiny.npz")["test_fold"]
+    assert set(test) != set(np.flatnonzero(fold == 0))  # not the fixed fold
+    again = load_dataset("tiny", split=0, data_dir=folder, random_split=True, test_fraction=0.2)
+    np.testing.assert_array_equal(again.X_test, ds.X_test)
+    for other in (dict(split=1), dict(split=0, seed=1)):
+        moved = load_dataset("tiny", data_dir=folder, random_split=True, test_fraction=0.2, **other)
+        assert set(_row_ids(moved, moved.y_test)) != set(test)
+    beyond = load_dataset("tiny", split=12, data_dir=folder, random_split=True)  # no 0..9 bound
+    assert beyond.n_test == 6
+
+
+def test_minmax_scaling_maps_training_inputs_to_the_unit_box_with_training_statistics(folder):
+    ds = load_dataset("tiny", split=0, data_dir=folder, x_scaling="minmax")
+    raw = np.load(folder / "uci" / "tiny.npz")
+    X, train = raw["X"].astype(np.float64), raw["test_fold"] != 0
+    low, high = X[train].min(axis=0), X[train].max(axis=0)
+    for j in (0, 2):
+        assert ds.X_train[:, j].min() == pytest.approx(-1, abs=1e-12)
+        assert ds.X_train[:, j].max() == pytest.approx(1, abs=1e-12)
+    np.testing.assert_allclose(ds.x_mean[[0, 2]], ((high + low) / 2)[[0, 2]], rtol=1e-12)
+    np.testing.assert_allclose(ds.X_test, (X[~train] - ds.x_mean) / ds.x_std, rtol=1e-12)
+    assert ds.X_test[:, 0].mean() > 1  # the shifted test rows lie beyond the training range
+    assert ds.x_std[1] == 1.0 and np.all(ds.X_train[:, 1] == 0) and np.all(ds.X_test[:, 1] == 0)
+    assert ds.y_train.mean() == pytest.approx(0, abs=1e-12) and ds.y_train.std() == pytest.approx(1)
+
+
+def test_min_max_scale_helper_and_explicit_scalings(folder):
+    Xtr, Xte, centre, half = data.min_max_scale([[1.0, 5.0], [3.0, 5.0], [2.0, 5.0]], [[5.0, 6.0]])
+    np.testing.assert_array_equal(centre, [2.0, 5.0])
+    np.testing.assert_array_equal(half, [1.0, 1.0])  # second column guarded
+    np.testing.assert_array_equal(Xtr, [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(Xte, [[3.0, 1.0]])
+    raw = load_dataset("tiny", data_dir=folder, x_scaling="none")
+    z = np.load(folder / "uci" / "tiny.npz")
+    np.testing.assert_array_equal(raw.X_train, z["X"].astype(np.float64)[z["test_fold"] != 0])  # as read
+    assert np.all(raw.x_mean == 0) and np.all(raw.x_std == 1)
+    geo = load_dataset("etopo", data_dir=folder, x_scaling="standard")
+    np.testing.assert_allclose(geo.X_train.mean(axis=0), 0, atol=1e-12)  # unit vectors z-scored on request
+    with pytest.raises(ValueError, match="x_scaling must be one of"):
+        load_dataset("tiny", data_dir=folder, x_scaling="unit")
+
+
 # ----------------------------------------------------------------------------------- PMLB, rMD17, geo, images
 
 

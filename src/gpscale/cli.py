@@ -1,4 +1,5 @@
-"""The ``gpscale`` command: fit and predict from CSV files, list and download datasets.
+"""The ``gpscale`` command: fit and predict from CSV files, run benchmarks, draw figures, list and download
+datasets.
 
 Errors are reported as one line on stderr with a non-zero exit status (1: bad input or data, 2: bad usage).
 """
@@ -79,6 +80,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     p.add_argument("--protocol", default=None, help="only this protocol's runs")
     p.set_defaults(run=_report)
+
+    p = sub.add_parser("figures", help="redraw a paper's figures from synthetic experiments")
+    fig_sub = p.add_subparsers(title="figures")
+    q = fig_sub.add_parser("dbk", help="Deep Basis Kernel paper, Figs. 1 and 3 (1-D synthetic data)",
+                           description="Defaults are the paper's settings (hours on a CPU for Fig. 3); see "
+                                       "docs/dbk.md for smaller ones.")
+    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    q.add_argument("--only", choices=["fig1", "fig3"], default=None, help="draw one figure (default: both)")
+    q.add_argument("--n", type=int, default=None, help="Fig. 1 training points (default 1000)")
+    q.add_argument("--sizes", type=_ints, default=None, help="Fig. 3 training sizes (default 100,1000,10000,100000)")
+    q.add_argument("--seeds", type=int, default=None, help="Fig. 3 seeds per size (default 10)")
+    q.add_argument("--n-test", type=int, default=None, help="test points (default 1000)")
+    q.add_argument("--exact-max-n", type=int, default=None, help="largest n for the exact GP in Fig. 3 (default 10000)")
+    q.add_argument("--iterations", type=int, default=None, help="full-batch Adam steps (default 10000)")
+    q.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
+    q.add_argument("--n-basis", type=int, default=None, help="DBK's r (default 128)")
+    q.add_argument("--width", type=int, default=None, help="hidden units of DBK's MLP (default 128)")
+    q.add_argument("--dtype", choices=["float64", "float32"], default=None, help="default float64")
+    q.add_argument("--device", default=None, help="default cpu")
+    q.set_defaults(run=_figures_dbk)
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -165,6 +186,20 @@ def _report(args) -> None:
     if not args.results.exists():
         raise ValueError(f"{args.results}: no such results file.")
     print(f"report: {write_report(args.results, args.output, protocol=args.protocol)}")
+
+
+def _figures_dbk(args) -> None:
+    from .bench.figures_dbk import Training, make_figures
+
+    def given(*names):  # only what was given, so that the defaults live in one place: figures_dbk
+        return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+    training = Training(**given("iterations", "lr", "n_basis", "width", "dtype", "device"))
+    settings = given("n", "seeds", "n_test", "exact_max_n")
+    if args.sizes is not None:
+        settings["sizes"] = tuple(args.sizes)
+    for path in make_figures(args.out, only=args.only, training=training, **settings):
+        print(f"wrote {path}")
 
 
 def _names(text: str) -> list[str]:

@@ -18,6 +18,10 @@ images/mnist5k.npz     images [n, 28, 28] uint8, labels [n]        seeded random
 Names: a UCI name (``pol``), a PMLB file name with or without its number (``564_fried`` or ``fried``),
 ``rmd17_aspirin`` or ``aspirin``, ``etopo`` / ``elevation``, ``mnist5k``, or ``<folder>/<file stem>`` for any
 file (``uci_pbp/boston``). ``friedman1`` and ``gp_sample`` are generated and need no data folder.
+
+``load_dataset(..., random_split=True)`` replaces a file's fixed splits by a seeded random one, and
+``x_scaling='minmax'`` maps the inputs to [-1, 1] instead of z-scoring them (both for protocols of papers that
+did so, e.g. the Deep Basis Kernel paper's random 70/10/20 splits of [-1, 1]-scaled UCI sets).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ UCI_SIZES = {
 }
 UCI_N_SPLITS = 10
 MOLECULE_FEATURES = ("cartesian", "inverse_distances")
+X_SCALINGS = ("standard", "minmax", "none")
 KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
 GENERATED = {"friedman1": 10, "gp_sample": 2}  # name -> d
 DEFAULT_N_GENERATED = 40_000
@@ -61,13 +66,15 @@ _UNSTANDARDISED_X = ("geo", "images")  # inputs already on a natural scale (unit
 
 @dataclass
 class Dataset:
-    """A train/test split, standardised with training statistics.
+    """A train/test split, scaled with training statistics.
 
-    ``X_train`` [n, d], ``y_train`` [n], ``X_test`` [n*, d], ``y_test`` [n*] are float64 and standardised:
+    ``X_train`` [n, d], ``y_train`` [n], ``X_test`` [n*, d], ``y_test`` [n*] are float64 and scaled:
     X = (X_raw - x_mean) / x_std and y = (y_raw - y_mean) / y_std, with ``x_mean``, ``x_std`` [d] and the scalars
     ``y_mean``, ``y_std`` computed on the training rows only (a zero std is replaced by 1, so constant columns
-    become 0). Multiply an RMSE by ``y_std`` to report it in original units. ``source`` is the file read, or
-    ``"generated"``.
+    become 0). With ``x_scaling='minmax'`` (see :func:`load_dataset`) ``x_mean`` and ``x_std`` are instead the
+    training midrange and half-range of each column, so that the training inputs span [-1, 1]; with ``'none'``
+    they are 0 and 1. Multiply an RMSE by ``y_std`` to report it in original units. ``source`` is the file read,
+    or ``"generated"``.
     """
 
     name: str
@@ -110,6 +117,35 @@ def standardize(X_train, X_test):
     std = X_train.std(axis=0)
     std = np.where(std > 0, std, 1.0)
     return (X_train - mean) / std, (X_test - mean) / std, mean, std
+
+
+def min_max_scale(X_train, X_test):
+    """Map every column affinely so that the training set spans [-1, 1]; the test set gets the same map.
+
+    Args:
+        X_train: [n, d]; X_test: [n*, d].
+    Returns:
+        (X_train_scaled, X_test_scaled, centre, half_range) with X_scaled = (X - centre) / half_range, where
+        centre = (max + min) / 2 and half_range = (max - min) / 2 [d] of the training columns. Constant columns
+        get half_range = 1, so they become 0 rather than NaN. Test values outside the training range map
+        outside [-1, 1].
+    """
+    X_train = np.asarray(X_train, dtype=np.float64)
+    X_test = np.asarray(X_test, dtype=np.float64)
+    low, high = X_train.min(axis=0), X_train.max(axis=0)
+    centre, half_range = (high + low) / 2, (high - low) / 2
+    half_range = np.where(half_range > 0, half_range, 1.0)
+    return (X_train - centre) / half_range, (X_test - centre) / half_range, centre, half_range
+
+
+def _scale_inputs(X_train, X_test, scaling: str):
+    """(X_train, X_test, shift [d], scale [d]) under one of X_SCALINGS, with training statistics."""
+    if scaling == "standard":
+        return standardize(X_train, X_test)
+    if scaling == "minmax":
+        return min_max_scale(X_train, X_test)
+    d = X_train.shape[1]
+    return X_train, X_test, np.zeros(d), np.ones(d)
 
 
 def data_dir(explicit=None) -> Path | None:
@@ -163,8 +199,9 @@ _GENERATORS = {"friedman1": make_friedman1, "gp_sample": make_gp_sample}
 
 def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_fraction: float = 0.1,
                  max_train: int | None = None, n: int | None = None,
-                 molecule_features: str = "cartesian") -> Dataset:
-    """Load one train/test split of a data set, standardised with training statistics.
+                 molecule_features: str = "cartesian", random_split: bool = False,
+                 x_scaling: str | None = None) -> Dataset:
+    """Load one train/test split of a data set, scaled with training statistics.
 
     Args:
         name: see the module docstring (``pol``, ``fried``, ``aspirin``, ``etopo``, ``friedman1``, ...).
@@ -177,9 +214,16 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
         molecule_features: inputs of an rMD17 set: ``'cartesian'`` (the flattened coordinates, as the SoftKI
             paper's MD22 experiments) or ``'inverse_distances'`` (1 / r_ij for every atom pair: invariant to
             rotations and translations of the molecule, which an RBF on raw coordinates is not).
+        random_split: draw a random split (seeded by ``seed`` and ``split``, test share ``test_fraction``) even
+            for a file with fixed splits (UCI folds, uci_pbp, rMD17), for papers that draw their own splits;
+            ``split`` is then any int >= 0.
+        x_scaling: ``'standard'`` (z-score each input column; the default), ``'minmax'`` (map each column
+            affinely so that the training inputs span [-1, 1]) or ``'none'``; the default for geo and image sets,
+            whose inputs are on a natural scale (unit vectors, pixel intensities), is ``'none'``. Targets are
+            always z-scored.
     Raises:
         FileNotFoundError: no data folder or no file for ``name`` (the message says where it looked).
-        ValueError: bad split, or non-finite values in the file.
+        ValueError: bad split or option, or non-finite values in the file.
     """
     if not (isinstance(split, (int, np.integer)) and split >= 0):
         raise ValueError(f"split must be an int >= 0, got {split!r}.")
@@ -192,6 +236,8 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
                          "use max_train= to subsample.")
     if molecule_features not in MOLECULE_FEATURES:
         raise ValueError(f"molecule_features must be one of {MOLECULE_FEATURES}, got {molecule_features!r}.")
+    if x_scaling is not None and x_scaling not in X_SCALINGS:
+        raise ValueError(f"x_scaling must be one of {X_SCALINGS} or None, got {x_scaling!r}.")
     rng = np.random.default_rng([seed, split])
     if name in _GENERATORS:
         X, y = _GENERATORS[name](DEFAULT_N_GENERATED if n is None else n, rng)
@@ -206,7 +252,7 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
             X, y = _features(kind, z, molecule_features)
             if not (np.isfinite(X).all() and np.isfinite(y).all()):
                 raise ValueError(f"{path} contains non-finite values; re-create or re-download the file.")
-            if kind in ("uci", "uci_pbp", "md"):
+            if kind in ("uci", "uci_pbp", "md") and not random_split:
                 train, test = _fixed_split(kind, z, split)
             else:
                 train, test = _random_split(len(y), test_fraction, rng)
@@ -214,10 +260,9 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
     if max_train is not None and max_train < len(y_train):
         keep = np.random.default_rng([seed, split, 1]).choice(len(y_train), max_train, replace=False)
         X_train, y_train = X_train[keep], y_train[keep]
-    if kind in _UNSTANDARDISED_X:
-        x_mean, x_std = np.zeros(X.shape[1]), np.ones(X.shape[1])
-    else:
-        X_train, X_test, x_mean, x_std = standardize(X_train, X_test)
+    if x_scaling is None:
+        x_scaling = "none" if kind in _UNSTANDARDISED_X else "standard"
+    X_train, X_test, x_mean, x_std = _scale_inputs(X_train, X_test, x_scaling)
     y_train, y_test, y_mean, y_std = standardize(y_train, y_test)
     return Dataset(name, X_train, y_train, X_test, y_test, x_mean, x_std, float(y_mean), float(y_std),
                    int(split), source)

@@ -17,13 +17,7 @@ from gpscale.train import fit
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These matrices are tiny: on a shared 2-core machine, intra-op threads only add contention (100x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_data(n=60, d=3, seed=1, noise=0.1, dtype=F64):

@@ -88,13 +88,14 @@ def test_softki_table1_layout():
     assert all(splits is None for splits in protocol.datasets.values())
     labels = {spec.name for spec in protocol.methods}
     assert labels == {"softki", "softki-calibrated", "sgpr", "gpytorch-sgpr", "svgp", "gpytorch-svgp",
-                      "gpytorch-svgp-512", "sgpr-noise-floor", "svgp-noise-floor"}
-    for spec in protocol.methods:  # the paper's baselines learn the noise from 0.5 above a floor of 0.1
-        if spec.name.endswith("noise-floor"):
+                      "gpytorch-svgp-512", "sgpr-paper", "svgp-paper"}
+    for spec in protocol.methods:  # the paper's baselines: noise from 0.5 above 0.1, one shared lengthscale
+        if spec.name.endswith("-paper"):
             assert spec.options["noise"] == 0.5 and spec.options["noise_floor"] == 0.1
+            assert spec.options["ard"] is False
     # every dataset has the paper's RMSE of all three methods and SoftKI's RTX 3090 timing
     for dataset in expected:
-        for label in ("softki", "sgpr", "svgp", "sgpr-noise-floor", "svgp-noise-floor"):
+        for label in ("softki", "sgpr", "svgp", "sgpr-paper", "svgp-paper"):
             assert {"rmse", "rmse_std"} <= set(protocol.published[(label, dataset)])
         assert "seconds_per_epoch" in protocol.published[("softki", dataset)]
     assert protocol.published[("softki", "pol")]["rmse"] == 0.195

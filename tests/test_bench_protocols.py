@@ -88,7 +88,7 @@ def test_softki_table1_layout():
     assert all(splits is None for splits in protocol.datasets.values())
     labels = {spec.name for spec in protocol.methods}
     assert labels == {"softki", "softki-calibrated", "sgpr", "gpytorch-sgpr", "svgp", "gpytorch-svgp",
-                      "gpytorch-svgp-512", "sgpr-paper", "svgp-paper"}
+                      "gpytorch-svgp-512", "softki-ard", "sgpr-paper", "svgp-paper"}
     for spec in protocol.methods:  # the paper's baselines: noise from 0.5 above 0.1, one shared lengthscale
         if spec.name.endswith("-paper"):
             assert spec.options["noise"] == 0.5 and spec.options["noise_floor"] == 0.1

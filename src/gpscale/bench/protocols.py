@@ -181,6 +181,8 @@ register_protocol(Protocol(
         MethodSpec("svgp", SVGP_PAPER),
         MethodSpec("gpytorch-svgp", SVGP_PAPER),
         MethodSpec("gpytorch-svgp", SVGP_512_PAPER, label="gpytorch-svgp-512"),
+        # not in the paper: ARD lengthscales in K_zz and a learned per-dimension temperature in the weights
+        MethodSpec("softki", {**SOFTKI_PAPER, "ard": True, "learn_temperature": True}, label="softki-ard"),
         MethodSpec("sgpr", {**SGPR_PAPER, **PAPER_BASELINE_SETTING}, label="sgpr-paper"),
         MethodSpec("svgp", {**SVGP_PAPER, **PAPER_BASELINE_SETTING}, label="svgp-paper"),
     ),

@@ -194,6 +194,12 @@ def test_report_rejects_a_missing_or_empty_store(tmp_path):
         write_report(tmp_path / "empty.sqlite", tmp_path)
 
 
+def test_summaries_use_only_the_newest_version_of_a_protocol(runs):
+    newest = max(r["protocol_version"] for r in runs)
+    older = [{**r, "protocol_version": newest - 1, "rmse": 99.0} for r in runs]
+    assert summarise(older + runs) == summarise(runs)  # v(newest - 1)'s runs are superseded, not averaged in
+
+
 def test_markdown_table_single_dataset(runs):
     table = markdown_table(summarise(runs), "elevators")
     lines = table.splitlines()

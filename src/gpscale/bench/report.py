@@ -27,16 +27,22 @@ PLOTS = {"accuracy.png": "Accuracy", "pareto.png": "Accuracy against training ti
 # --- summaries -------------------------------------------------------------------------------------------------
 
 def summarise(runs: list[dict]) -> list[dict]:
-    """One row per (protocol, dataset, method) of the successful runs, in order of first appearance.
+    """One row per (protocol, dataset, method) of the successful runs of each protocol's newest version in
+    ``runs``, in order of first appearance.
 
     A row has ``protocol``, ``dataset``, ``method``, ``n_splits`` (the number of runs), ``<metric>_mean`` and
     ``<metric>_std`` for each of :data:`METRICS` (``None`` when no run has the metric), ``calibration`` (the
     empirical coverages averaged over the runs, or ``None``) and ``published`` (the paper's numbers from the
     protocol registry; empty for an unknown protocol).
     """
+    # a new protocol version changes its numbers, so runs of an older version of the same protocol are superseded
+    latest: dict[str, int] = {}
+    for run in runs:
+        version = run.get("protocol_version") or 0
+        latest[run["protocol"]] = max(latest.get(run["protocol"], version), version)
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for run in runs:
-        if run.get("status") == "ok":
+        if run.get("status") == "ok" and (run.get("protocol_version") or 0) == latest[run["protocol"]]:
             groups.setdefault((run["protocol"], run["dataset"], run["method"]), []).append(run)
     return [_summarise_group(key, group) for key, group in groups.items()]
 

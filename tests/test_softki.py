@@ -439,6 +439,23 @@ def test_21_every_full_data_pass_is_chunked():
     assert sum(rows) == 3 * 2700 and max(rows) <= 500  # statistics, the mean's QR fit, evidence: 3 passes
 
 
+@pytest.mark.parametrize(("solver", "passes"), [("qr", 2), ("cholesky", 1)])
+def test_variance_calibration_reads_the_data_once_per_statistic(solver, passes):
+    X, y, _, _ = smoke_data()
+    model = SoftKI(5, n_inducing=32, chunk_size=500, solver=solver, calibrate_noise="variance").double()
+    model.init(X, y)
+    rows = []
+    original = model.weights
+
+    def spy(Xq):
+        rows.append(Xq.shape[0])
+        return original(Xq)
+
+    with patch.object(model, "weights", spy):
+        model.fit_posterior(X, y)
+    assert sum(rows) == passes * 2700  # the Cholesky solver takes the trained mean from the same statistics
+
+
 # --- options ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("solver", ["qr", "cholesky"])
 def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd(solver):

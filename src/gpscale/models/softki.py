@@ -198,14 +198,18 @@ class SoftKI(GPModel):
         probes = torch.randn(X.shape[0], self.n_probes, dtype=X.dtype, device=X.device)
         return -hutchinson_pseudo_log_likelihood(self.weights(X), self.Kzz(), self.noise, y, probes) / X.shape[0]
 
-    def collapse(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL) -> _linear.Collapsed:
-        """The collapsed posterior of the whitened inducing values v, in one streamed pass over (X [n, d], y [n])."""
-        phi = self.features(Lzz)
-        if self.solver == "qr":
-            return _linear.collapse_qr(phi, X, y, self.noise, chunk_size=self.chunk_size, comm=comm)
+    def statistics(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL) -> _linear.Statistics:
+        """``Phi^T Phi``, ``Phi^T y`` and ``y^T y`` in one streamed pass over (X [n, d], y [n]), float64."""
         # y in float64 like the features, so that Phi^T y is accumulated at the precision of the core
-        stats = _linear.accumulate(phi, X, y.to(_linear.CORE), chunk_size=self.chunk_size, comm=comm)
-        return _linear.collapse_cholesky(stats, self.noise)
+        return _linear.accumulate(self.features(Lzz), X, y.to(_linear.CORE), chunk_size=self.chunk_size, comm=comm)
+
+    def collapse(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL,
+                 stats: _linear.Statistics | None = None) -> _linear.Collapsed:
+        """The collapsed posterior of the whitened inducing values v, in one streamed pass over (X [n, d], y [n]);
+        the Cholesky solver takes already accumulated ``stats`` instead of that pass."""
+        if self.solver == "qr":
+            return _linear.collapse_qr(self.features(Lzz), X, y, self.noise, chunk_size=self.chunk_size, comm=comm)
+        return _linear.collapse_cholesky(stats if stats is not None else self.statistics(X, y, Lzz, comm), self.noise)
 
     def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """The exact ``log N(y | 0, W_xz K_zz W_xz^T + beta^2 I)`` (eq. 18) in O(m^2 n) time and O(chunk x m)
@@ -222,10 +226,9 @@ class SoftKI(GPModel):
             self.cache = {"Lzz": Lzz, "L_B": post.L_B, "w_mean": post.weight_mean}
             return
         # one pass for Phi^T Phi and Phi^T y: the noise search, and the posterior under the calibrated noise
-        stats = _linear.accumulate(self.features(Lzz), X, y.to(_linear.CORE), chunk_size=self.chunk_size,
-                                   comm=comm)
+        stats = self.statistics(X, y, Lzz, comm)
         training_raw_noise = self.likelihood.raw_noise.detach().clone()
-        trained = self.collapse(X, y, Lzz, comm) if self.calibrate_noise == "variance" else None
+        trained = self.collapse(X, y, Lzz, comm, stats) if self.calibrate_noise == "variance" else None
         raw = self.likelihood.raw_noise
         noise = self.evidence_optimal_noise(stats)
         raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))

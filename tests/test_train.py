@@ -95,6 +95,15 @@ def test_early_stopping_restores_the_best_validation_state():
     assert result.best_epoch == len(nlpds) - 1 - 3
 
 
+def test_validation_every_k_epochs_counts_patience_in_epochs():
+    X, y = toy_regression(n=200)
+    result = fit(sgpr(), X, y, epochs=200, lr=0.3, val_fraction=0.2, patience=6, val_every=3, progress=False)
+    checked = [h["epoch"] for h in result.history if "val_nlpd" in h]
+    assert checked == list(range(2, len(result.history), 3))
+    assert result.stopped_early and result.best_epoch in checked
+    assert result.history[-1]["epoch"] - result.best_epoch == 6
+
+
 def test_restart_after_not_psd_error_then_success():
     X, y = toy_regression(n=60)
     model = sgpr()

@@ -61,6 +61,7 @@ def fit(
     schedule: Schedule = None,
     val_fraction: float = 0.0,
     patience: int = 10,
+    val_every: int = 1,
     seed: int = 0,
     progress: bool = True,
     max_restarts: int = 3,
@@ -77,6 +78,8 @@ def fit(
             ``(optimizer, epochs) -> scheduler`` stepped once per epoch.
         val_fraction: hold out this fraction (seeded) to compute the validation NLPD after each epoch; training
             stops after ``patience`` epochs without improvement and the best parameters are restored.
+        val_every: compute the validation NLPD every this many epochs (and after the last); the patience still
+            counts epochs. Each check refits the posterior, which for full-batch models costs as much as an epoch.
         seed: seeds initialisation, shuffling and the validation split.
         progress: show a tqdm bar with the loss (only when stderr is a terminal).
         max_restarts: on :class:`NotPSDError` or a non-finite loss, restart from the initial parameters,
@@ -86,7 +89,7 @@ def fit(
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience)
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, val_every=val_every)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
@@ -103,8 +106,8 @@ def fit(
     for attempt in range(max_restarts + 1):
         try:
             _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
-                      batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, progress=progress,
-                      checkpoint=checkpoint)
+                      batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
+                      progress=progress, checkpoint=checkpoint)
             break
         except (NotPSDError, TrainingError) as err:
             if attempt == max_restarts:
@@ -123,11 +126,11 @@ def fit(
 
 
 def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, batch_size, lr, schedule,
-              patience, progress, checkpoint) -> None:
+              patience, val_every, progress, checkpoint) -> None:
     model.clear_cache()
     optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
     scheduler = _make_scheduler(schedule, optimiser, epochs)
-    best = {"nlpd": math.inf, "state": None, "epoch": None, "bad": 0}
+    best = {"nlpd": math.inf, "state": None, "epoch": None, "last_good": -1}
     first = 0
     if state is not None:
         optimiser.load_state_dict(state["optimiser"])
@@ -136,6 +139,8 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         generator.set_state(state["generator"])
         result.history = state["history"]
         best = state["best"]
+        if "last_good" not in best:  # checkpoints written before val_every counted the epochs without improvement
+            best["last_good"] = len(state["history"]) - 1 - best.pop("bad")
         first = len(result.history)
     n = X.shape[0]
     bar = tqdm(range(first, epochs), desc=model.key or "fit", unit="epoch", leave=False,
@@ -148,18 +153,16 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
             scheduler.step()
         record = {"epoch": epoch, "loss": loss, "lr": optimiser.param_groups[0]["lr"],
                   "seconds": time.perf_counter() - tic}
-        if X_val is not None:
+        if X_val is not None and ((epoch + 1) % val_every == 0 or epoch + 1 == epochs):
             record["val_nlpd"] = _validation_nlpd(model, X, y, X_val, y_val)
             if record["val_nlpd"] < best["nlpd"]:
                 best = {"nlpd": record["val_nlpd"], "state": copy.deepcopy(model.state_dict()), "epoch": epoch,
-                        "bad": 0}
-            else:
-                best["bad"] += 1
+                        "last_good": epoch}
         result.history.append(record)
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
         if checkpoint:
             _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best)
-        if X_val is not None and best["bad"] >= patience:
+        if "val_nlpd" in record and epoch - best["last_good"] >= patience:
             result.stopped_early = True
             break
     bar.close()

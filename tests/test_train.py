@@ -152,3 +152,16 @@ def test_bad_training_arguments_are_rejected(bad):
     X, y = toy_regression(n=20)
     with pytest.raises(ValueError, match="Expected|val_fraction"):
         fit(sgpr(), X, y, progress=False, **bad)
+
+
+def test_an_untrainable_model_skips_the_optimiser_and_fits_its_posterior():
+    X, y = toy_regression(n=60)
+    model = sgpr()
+    model.trainable = False
+
+    def never(*args, **kwargs):
+        raise AssertionError("an untrainable model's loss must not be evaluated")
+
+    model.loss = never
+    result = fit(model, X, y, epochs=5, val_fraction=0.2, progress=False)
+    assert result.epochs_run == 0 and model.cache

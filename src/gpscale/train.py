@@ -103,7 +103,7 @@ def fit(
     initial = copy.deepcopy(model.state_dict())
     result = FitResult()
     start = time.perf_counter()
-    for attempt in range(max_restarts + 1):
+    for attempt in range(max_restarts + 1 if model.trainable else 0):
         try:
             _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
                       batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,

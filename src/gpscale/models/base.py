@@ -59,11 +59,14 @@ class GPModel(nn.Module):
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
-    takes new values of those by setting the attribute and refitting the posterior, without retraining.
+    takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
+    whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
+    skips the optimiser and needs no ``loss``.
     """
 
     key: str = ""
     full_batch: bool = False
+    trainable: bool = True
     posterior_options: tuple[str, ...] = ()
 
     def __init__(

@@ -1,0 +1,490 @@
+"""Generic MCMC pieces for GP-GRIEF-I (spec §3.10, §5, pitfall 15): the log-normal prior given by (mode, variance),
+a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, positive-parameter transforms that keep the
+Jacobian, and the split R-hat / effective-sample-size diagnostics.
+
+Shapes: ``D`` parameters, ``C`` chains, ``S`` kept samples per chain, ``N`` draws per chain in the diagnostics.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import brentq
+from scipy.special import ndtri
+from scipy.stats import rankdata
+from torch import Tensor
+
+__all__ = [
+    "LogNormal",
+    "mala",
+    "MCMCResult",
+    "kept_iterations",
+    "ExpTransform",
+    "SoftplusTransform",
+    "transformed_log_target",
+    "split_rhat",
+    "effective_sample_size",
+]
+
+LogTarget = Callable[[Tensor], Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Prior
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Log-normal distribution: ``log x ~ N(mu, s^2)``.
+
+    The paper states its priors by (mode, variance); :meth:`from_mode_variance` converts them (§3.10).
+    """
+
+    mu: float
+    s: float
+
+    def __post_init__(self):
+        if not (math.isfinite(self.mu) and math.isfinite(self.s) and self.s > 0):
+            raise ValueError(f"Expected a finite mu and s > 0. Got mu={self.mu}, s={self.s}.")
+
+    @classmethod
+    def from_mode_variance(cls, mode: float, variance: float) -> LogNormal:
+        """The log-normal with the given mode ``M`` and variance ``V`` (both > 0).
+
+        With ``E = exp(s^2)``: mode ``= exp(mu - s^2)`` and variance ``= (E - 1) E exp(2 mu)``, so ``mu = log(M E)``
+        and ``M^2 E^4 - M^2 E^3 - V = 0``. We solve for ``u = E - 1 = expm1(s^2)``, i.e. ``u (1 + u)^3 = V / M^2``:
+        the left side increases from 0 on u > 0, so the positive root is unique, and solving for u rather than E
+        keeps full relative precision when V / M^2 is tiny (E would round to 1).
+        Example (§3.10): mode 1, variance 100 gives s = 1.1122, mu = 1.2370.
+        """
+        mode, variance = float(mode), float(variance)
+        if not (math.isfinite(mode) and mode > 0 and math.isfinite(variance) and variance > 0):
+            raise ValueError(f"Expected a finite mode > 0 and variance > 0. Got mode={mode}, variance={variance}.")
+        r = variance / mode**2
+        # u (1+u)^3 >= max(u, u^4), so the root lies in (0, min(r, r^(1/4))]
+        hi = min(r, r**0.25)
+        u = brentq(lambda u: u * (1 + u) ** 3 - r, 0.0, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
+        s2 = math.log1p(u)
+        return cls(mu=math.log(mode) + s2, s=math.sqrt(s2))
+
+    @property
+    def mode(self) -> float:
+        return math.exp(self.mu - self.s**2)
+
+    @property
+    def mean(self) -> float:
+        return math.exp(self.mu + self.s**2 / 2)
+
+    @property
+    def variance(self) -> float:
+        return math.expm1(self.s**2) * math.exp(2 * self.mu + self.s**2)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        """Elementwise log density, differentiable; ``-inf`` (with a zero gradient) where ``x <= 0``. [...] -> [...]"""
+        x = torch.as_tensor(x)
+        positive = x > 0
+        # evaluate the formula at a harmless point outside the support so that no NaN reaches the backward pass
+        log_x = torch.log(torch.where(positive, x, torch.ones_like(x)))
+        z = (log_x - self.mu) / self.s
+        lp = -log_x - math.log(self.s) - 0.5 * math.log(2 * math.pi) - 0.5 * z**2
+        return torch.where(positive, lp, torch.full_like(lp, -math.inf))
+
+    def grad_log_prob(self, x: Tensor) -> Tensor:
+        """Analytic ``d/dx log p(x) = -(s^2 + log x - mu) / (x s^2)`` (§3.10), for ``x > 0``. [...] -> [...]"""
+        x = torch.as_tensor(x)
+        return -(self.s**2 + torch.log(x) - self.mu) / (x * self.s**2)
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator | None = None,
+               dtype: torch.dtype = torch.float64) -> Tensor:
+        """Draws ``exp(mu + s z)``, ``z ~ N(0, 1)``. -> [*shape]"""
+        return torch.exp(self.mu + self.s * torch.randn(shape, generator=generator, dtype=dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Positive-parameter transforms (pitfall 15)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class ExpTransform:
+    """``f = exp(x)``: maps an unconstrained x to a positive f; ``log |df/dx| = x``."""
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return torch.exp(x)
+
+    @staticmethod
+    def inverse(f: Tensor) -> Tensor:
+        return torch.log(f)
+
+    @staticmethod
+    def log_abs_det_jacobian(x: Tensor) -> Tensor:
+        """Summed over the last dimension. [..., D] -> [...]"""
+        return x.sum(-1)
+
+
+class SoftplusTransform:
+    """``f = softplus(x) = log(1 + e^x)``, the official code's map; ``df/dx = sigmoid(x) = 1 - exp(-f)``."""
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return F.softplus(x)
+
+    @staticmethod
+    def inverse(f: Tensor) -> Tensor:
+        # x = log(e^f - 1) = f + log(1 - e^-f), written with expm1 so that small f keeps its precision
+        return f + torch.log(-torch.expm1(-f))
+
+    @staticmethod
+    def log_abs_det_jacobian(x: Tensor) -> Tensor:
+        """``sum log sigmoid(x)`` over the last dimension (logsigmoid is stable for large |x|). [..., D] -> [...]"""
+        return F.logsigmoid(x).sum(-1)
+
+
+def transformed_log_target(
+    log_posterior: LogTarget, transform=ExpTransform, *, jacobian: bool = True
+) -> LogTarget:
+    """The log target in the unconstrained space: ``x -> log_posterior(f(x)) + log |df/dx|``.
+
+    ``log_posterior`` takes the positive parameters ``f`` ([..., D]) and returns the unnormalised log posterior
+    ([...]). With the exp transform the Jacobian term is ``sum(x)``.
+
+    The official GP-GRIEF code omits the Jacobian (``jacobian=False``), so its chain samples the density
+    ``p(f(x))`` in x, which is not the stated posterior of f: for a log-normal it moves the centre of log f from
+    ``mu`` to ``mu - s^2``, i.e. to the log of the *mode*. We include it by default; ``jacobian=False`` is there
+    only to imitate the official runs (§3.10, pitfall 15).
+    """
+
+    def log_target(x: Tensor) -> Tensor:
+        lp = log_posterior(transform.forward(x))
+        return lp + transform.log_abs_det_jacobian(x) if jacobian else lp
+
+    return log_target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MALA
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MCMCResult:
+    """What :func:`mala` returns.
+
+    Attributes:
+        samples: [C, S, D] kept states, in the unconstrained space the sampler ran in.
+        log_target: [C, S] the log target at those states.
+        iterations: [S] the (zero-based) iteration index of each kept sample.
+        acceptance_rate: [C] fraction of proposals accepted after burn-in (the sampling phase).
+        burn_in_acceptance_rate: [C] the same during burn-in.
+        step_size: [C] the step size h at the end of the run.
+    """
+
+    samples: Tensor
+    log_target: Tensor
+    iterations: Tensor
+    acceptance_rate: Tensor
+    burn_in_acceptance_rate: Tensor
+    step_size: Tensor
+
+    @property
+    def flat_samples(self) -> Tensor:
+        """All chains stacked. [C * S, D]"""
+        return self.samples.reshape(-1, self.samples.shape[-1])
+
+
+def kept_iterations(n_iterations: int, burn_in: int, thin: int) -> Tensor:
+    """Zero-based iterations whose state is kept: ``i > burn_in and i % thin == 0`` (the official code's rule,
+    pitfall 15; 179 samples for 10,000 / 1,000 / 50). [S]"""
+    i = torch.arange(burn_in + 1, n_iterations)
+    return i[i % thin == 0]
+
+
+def _value_and_grad(log_target: LogTarget, x: Tensor, vectorized: bool) -> tuple[Tensor, Tensor]:
+    """The log target and its autograd gradient at every chain's state. [C, D] -> ([C], [C, D])
+
+    Chains are independent, so in the vectorised case the gradient of the *sum* of the C values has the gradient
+    of chain c's value in row c.
+    """
+    with torch.enable_grad():
+        if vectorized:
+            xr = x.detach().requires_grad_(True)
+            lp = log_target(xr)
+            if not isinstance(lp, Tensor) or lp.shape != (x.shape[0],):
+                raise ValueError(f"With vectorized=True, log_target must map [C, D] to [C]. Got "
+                                 f"{getattr(lp, 'shape', type(lp))} for C = {x.shape[0]}.")
+            grad = _grad(lp.sum(), xr)
+            return lp.detach().to(x.dtype), grad
+        values, grads = [], []
+        for xc in x:
+            xr = xc.detach().requires_grad_(True)
+            lp = log_target(xr)
+            if not isinstance(lp, Tensor) or lp.numel() != 1:
+                raise ValueError(f"log_target must return a scalar tensor. Got {getattr(lp, 'shape', type(lp))}.")
+            grads.append(_grad(lp.reshape(()), xr))
+            values.append(lp.detach().reshape(()).to(x.dtype))
+        return torch.stack(values), torch.stack(grads)
+
+
+def _grad(value: Tensor, x: Tensor) -> Tensor:
+    # A value without a graph (e.g. a constant -inf returned outside the support) has no gradient; treat it as zero
+    # and let the accept/reject step deal with the value.
+    if not value.requires_grad:
+        return torch.zeros_like(x)
+    (g,) = torch.autograd.grad(value, x, allow_unused=True)
+    return torch.zeros_like(x) if g is None else g.detach()
+
+
+def _log_proposal_density(to: Tensor, frm: Tensor, grad_frm: Tensor, h: Tensor) -> Tensor:
+    """``log q(to | frm)`` up to a constant shared by both directions, where
+    ``q(a|b) = N(a; b + (h^2/2) grad log pi(b), h^2 I)``. ([C, D], [C, D], [C, D], [C]) -> [C]"""
+    mean = frm + (h**2 / 2)[:, None] * grad_frm
+    return -((to - mean) ** 2).sum(-1) / (2 * h**2)
+
+
+def _check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"Expected {name} to be an integer >= {minimum}. Got {value!r}.")
+    return int(value)
+
+
+def _generator(seed: int | torch.Generator | None) -> torch.Generator:
+    if isinstance(seed, torch.Generator):
+        return seed
+    if seed is None:
+        # draw the seed from the global RNG, so that torch.manual_seed makes an unseeded run reproducible too
+        seed = int(torch.randint(0, 2**62, ()).item())
+    return torch.Generator().manual_seed(int(seed))
+
+
+def mala(
+    log_target: LogTarget,
+    x0: Tensor,
+    *,
+    n_iterations: int = 10_000,
+    burn_in: int = 1_000,
+    thin: int = 50,
+    step_size: float = 0.4,
+    tune_every: int = 1_000,
+    tune: str = "burn_in",
+    n_chains: int = 1,
+    init_jitter: float = 0.0,
+    seed: int | torch.Generator | None = None,
+    vectorized: bool = False,
+    _hastings_correction: bool = True,
+) -> MCMCResult:
+    """Metropolis-adjusted Langevin sampling of ``pi(x) ∝ exp(log_target(x))`` on an unconstrained x in R^D (§3.10).
+
+    Each iteration proposes ``x' = x + (h^2/2) grad log pi(x) + h xi``, ``xi ~ N(0, I)``, and accepts it with
+    probability ``min(1, pi(x') q(x|x') / (pi(x) q(x'|x)))``. A proposal whose log target or gradient is not
+    finite is rejected. The gradient comes from torch autograd.
+
+    Args:
+        log_target: x [D] -> scalar tensor (or, with ``vectorized=True``, x [C, D] -> [C], one value per chain).
+            For positive parameters build it with :func:`transformed_log_target`, which keeps the Jacobian.
+        x0: [D] starting point, shared by all chains (the paper starts at the prior mode).
+        n_iterations: total iterations, burn-in included.
+        burn_in, thin: the state after iteration i (zero-based) is kept when ``i > burn_in and i % thin == 0``.
+        step_size: initial h (the official tutorial's 0.4).
+        tune_every: before iteration i, when i is a positive multiple of ``tune_every``, h is multiplied by 0.7 if
+            the chain's cumulative acceptance rate is below 0.2 and by 1.2 if above 0.6 (the official rule).
+        tune: ``"burn_in"`` (default) tunes only while ``i <= burn_in``; ``"always"`` keeps tuning for the whole
+            run as the official code does; ``"never"`` keeps h fixed. Tuning that never stops makes the chain
+            adaptive (its kernel depends on its whole past), which can break convergence to pi; stopping at the
+            end of burn-in leaves a fixed, pi-invariant kernel for every kept sample.
+        n_chains: independent chains, each with its own h and random stream.
+        init_jitter: each chain starts at ``x0 + init_jitter * N(0, I)`` (0: all at x0).
+        seed: int or ``torch.Generator`` for reproducible runs; None draws a seed from torch's global RNG.
+        vectorized: whether ``log_target`` evaluates all chains at once (faster for cheap targets).
+        _hastings_correction: for tests only. False drops ``q(x|x')/q(x'|x)`` from the acceptance ratio, which
+            samples the wrong distribution.
+
+    Returns:
+        :class:`MCMCResult` with samples [C, S, D].
+    """
+    n_iterations = _check_positive_int("n_iterations", n_iterations)
+    burn_in = _check_positive_int("burn_in", burn_in, minimum=0)
+    thin = _check_positive_int("thin", thin)
+    tune_every = _check_positive_int("tune_every", tune_every)
+    n_chains = _check_positive_int("n_chains", n_chains)
+    if burn_in >= n_iterations - 1:
+        raise ValueError(f"Expected burn_in < n_iterations - 1 so that some iterations are sampled. "
+                         f"Got burn_in={burn_in}, n_iterations={n_iterations}.")
+    if isinstance(step_size, bool) or not isinstance(step_size, (int, float, np.floating, np.integer)) or not (
+            math.isfinite(step_size) and step_size > 0):
+        raise ValueError(f"Expected step_size to be a finite number > 0. Got {step_size!r}.")
+    if tune not in ("burn_in", "always", "never"):
+        raise ValueError(f"Expected tune to be 'burn_in', 'always' or 'never'. Got {tune!r}.")
+    if not (math.isfinite(init_jitter) and init_jitter >= 0):
+        raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
+    x0 = torch.as_tensor(x0).detach()
+    if not x0.is_floating_point():
+        x0 = x0.to(torch.get_default_dtype())
+    if x0.ndim != 1 or x0.numel() == 0:
+        raise ValueError(f"Expected x0 to be a non-empty 1-D tensor [D]. Got shape {tuple(x0.shape)}.")
+    keep = kept_iterations(n_iterations, burn_in, thin)
+    if len(keep) == 0:
+        raise ValueError(f"No iteration i with burn_in < i < n_iterations is a multiple of thin={thin}: "
+                         f"nothing would be kept. Lower thin or raise n_iterations.")
+
+    gen = _generator(seed)
+    dtype, (C, D) = x0.dtype, (n_chains, x0.numel())
+    x = x0.expand(C, D).clone()  # [C, D]
+    if init_jitter > 0:
+        x = x + init_jitter * torch.randn(C, D, generator=gen, dtype=dtype)
+    lp, grad = _value_and_grad(log_target, x, vectorized)  # [C], [C, D]
+    bad = ~(torch.isfinite(lp) & torch.isfinite(grad).all(-1))
+    if bad.any():
+        raise ValueError(f"The log target or its gradient is not finite at the starting point of chain(s) "
+                         f"{bad.nonzero().flatten().tolist()} (log target {lp[bad].tolist()}). Start inside the "
+                         f"support, e.g. at the prior mode.")
+
+    h = torch.full((C,), float(step_size), dtype=dtype)  # [C]
+    samples = torch.empty(C, len(keep), D, dtype=dtype)
+    kept_lp = torch.empty(C, len(keep), dtype=dtype)
+    accepted_total = torch.zeros(C, dtype=torch.long)  # since iteration 0, for the tuning rule
+    accepted_burn_in = torch.zeros(C, dtype=torch.long)
+    slot = 0
+    keep_set = keep.tolist()
+    for i in range(n_iterations):
+        if i > 0 and i % tune_every == 0 and (tune == "always" or (tune == "burn_in" and i <= burn_in)):
+            rate = accepted_total.to(dtype) / i
+            h = torch.where(rate < 0.2, h * 0.7, torch.where(rate > 0.6, h * 1.2, h))
+        if i == burn_in + 1:
+            accepted_burn_in = accepted_total.clone()
+
+        xi = torch.randn(C, D, generator=gen, dtype=dtype)
+        x_new = x + (h**2 / 2)[:, None] * grad + h[:, None] * xi  # [C, D]
+        lp_new, grad_new = _value_and_grad(log_target, x_new, vectorized)
+        log_alpha = lp_new - lp  # [C]
+        if _hastings_correction:
+            log_alpha = log_alpha + _log_proposal_density(x, x_new, grad_new, h) - _log_proposal_density(
+                x_new, x, grad, h)
+        # NaN compares False and +inf/NaN gradients would poison the next proposal: reject all of them
+        finite = torch.isfinite(lp_new) & torch.isfinite(grad_new).all(-1)
+        log_u = torch.log(torch.rand(C, generator=gen, dtype=dtype))
+        accept = finite & (log_u < log_alpha)  # [C]
+        x = torch.where(accept[:, None], x_new, x)
+        lp = torch.where(accept, lp_new, lp)
+        grad = torch.where(accept[:, None], grad_new, grad)
+        accepted_total += accept
+
+        if slot < len(keep_set) and i == keep_set[slot]:
+            samples[:, slot], kept_lp[:, slot] = x, lp
+            slot += 1
+
+    n_burn = burn_in + 1  # iterations 0..burn_in
+    return MCMCResult(
+        samples=samples,
+        log_target=kept_lp,
+        iterations=keep,
+        acceptance_rate=(accepted_total - accepted_burn_in).to(dtype) / (n_iterations - n_burn),
+        burn_in_acceptance_rate=accepted_burn_in.to(dtype) / n_burn,
+        step_size=h,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Convergence diagnostics (Vehtari, Gelman, Simpson, Carpenter & Bürkner 2021)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _as_draws(samples, min_draws: int) -> np.ndarray:
+    """Validated float64 copy of [C, N, D] draws."""
+    if isinstance(samples, Tensor):
+        samples = samples.detach().cpu().numpy()
+    draws = np.asarray(samples, dtype=np.float64)
+    if draws.ndim != 3:
+        raise ValueError(f"Expected draws of shape [chains, draws, dim]. Got shape {draws.shape}.")
+    if draws.shape[0] < 1 or draws.shape[1] < min_draws or draws.shape[2] < 1:
+        raise ValueError(f"Expected at least 1 chain, {min_draws} draws per chain and 1 parameter. "
+                         f"Got shape {draws.shape}.")
+    if not np.isfinite(draws).all():
+        raise ValueError("The draws contain non-finite values.")
+    return draws
+
+
+def _split_chains(draws: np.ndarray) -> np.ndarray:
+    """Each chain cut into its first and second half (the middle draw dropped when N is odd), so that a chain
+    that drifts shows up as two disagreeing chains. [C, N, D] -> [2C, N // 2, D]"""
+    half = draws.shape[1] // 2
+    return np.concatenate([draws[:, :half], draws[:, draws.shape[1] - half:]], axis=0)
+
+
+def _rhat(draws: np.ndarray) -> np.ndarray:
+    """Gelman-Rubin potential scale reduction of (already split) chains. [M, n, D] -> [D]"""
+    n = draws.shape[1]
+    W = draws.var(axis=1, ddof=1).mean(axis=0)  # within-chain variance, [D]
+    B_over_n = draws.mean(axis=1).var(axis=0, ddof=1)  # between-chain variance / n, [D]
+    var_plus = (n - 1) / n * W + B_over_n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # W = 0: constant chains; they agree (nan, nothing to judge) or are stuck in different places (inf)
+        return np.where(W > 0, np.sqrt(var_plus / np.where(W > 0, W, 1.0)), np.where(B_over_n > 0, np.inf, np.nan))
+
+
+def _rank_normalize(draws: np.ndarray) -> np.ndarray:
+    """Normal scores of the ranks pooled over all chains (Vehtari et al. 2021, eq. 14). [M, n, D] -> [M, n, D]"""
+    M, n, D = draws.shape
+    ranks = rankdata(draws.reshape(M * n, D), axis=0, method="average")
+    return ndtri((ranks - 3 / 8) / (M * n + 1 / 4)).reshape(M, n, D)
+
+
+def split_rhat(samples, *, rank_normalize: bool = False) -> np.ndarray:
+    """Split R-hat per parameter. [C, N, D] (numpy or torch) -> [D]
+
+    ``rank_normalize=False``: the classic split R-hat of the draws (BDA3). ``True``: Vehtari et al. (2021), the
+    larger of the rank-normalised bulk R-hat and the rank-normalised R-hat of the draws folded about their
+    median (tails); robust to heavy tails. Values near 1 indicate agreement; > 1.01 (or 1.1, the classic cut)
+    calls for longer runs. Works for a single chain too, through the split.
+    """
+    split = _split_chains(_as_draws(samples, min_draws=4))
+    if not rank_normalize:
+        return _rhat(split)
+    bulk = _rhat(_rank_normalize(split))
+    folded = np.abs(split - np.median(split.reshape(-1, split.shape[-1]), axis=0))
+    return np.fmax(bulk, _rhat(_rank_normalize(folded)))
+
+
+def _autocovariance(draws: np.ndarray) -> np.ndarray:
+    """Biased (divided by N) autocovariance of each chain at lags 0..N-1, via FFT. [C, N, D] -> [C, N, D]"""
+    N = draws.shape[1]
+    centred = draws - draws.mean(axis=1, keepdims=True)
+    size = 1 << (2 * N - 1).bit_length()  # zero padding to >= 2N - 1 avoids the circular wrap-around
+    spectrum = np.fft.rfft(centred, n=size, axis=1)
+    return np.fft.irfft(spectrum * np.conj(spectrum), n=size, axis=1)[:, :N] / N
+
+
+def effective_sample_size(samples) -> np.ndarray:
+    """Effective sample size per parameter from the chains' autocorrelations. [C, N, D] -> [D]
+
+    Multi-chain estimate of Vehtari et al. (2021) / Stan: ``rho_t = 1 - (W - mean_c acov_c(t)) / var_plus``,
+    summed with Geyer's initial monotone sequence: pair sums ``rho_2k + rho_2k+1`` are kept while positive and
+    forced non-increasing, which cuts the noisy tail of the autocorrelation without dropping negative lags that
+    belong to an antithetic chain. ``ESS = C N / tau`` with ``tau = -1 + 2 sum_k (rho_2k + rho_2k+1)``; tau is
+    floored at ``1 / log10(C N)`` as in Stan. Gives about C N for independent draws and
+    ``C N (1 - rho) / (1 + rho)`` for an AR(1) chain.
+    """
+    draws = _as_draws(samples, min_draws=4)
+    C, N, D = draws.shape
+    acov = _autocovariance(draws)  # [C, N, D]
+    W = acov[:, 0].mean(axis=0) * N / (N - 1)  # mean within-chain variance (unbiased), [D]
+    var_plus = W * (N - 1) / N + (draws.mean(axis=1).var(axis=0, ddof=1) if C > 1 else 0.0)
+    ess = np.empty(D)
+    for d in range(D):
+        if var_plus[d] <= 0:  # constant draws: no information about the spread
+            ess[d] = np.nan
+            continue
+        rho = 1 - (W[d] - acov[:, :, d].mean(axis=0)) / var_plus[d]  # [N]
+        rho[0] = 1.0
+        n_pairs = N // 2
+        pairs = rho[: 2 * n_pairs].reshape(n_pairs, 2).sum(axis=1)  # rho_2k + rho_2k+1
+        negative = np.flatnonzero(pairs < 0)
+        pairs = pairs[: negative[0]] if len(negative) else pairs  # initial positive sequence
+        pairs = np.minimum.accumulate(pairs)  # initial monotone sequence
+        tau = max(-1 + 2 * pairs.sum(), 1 / math.log10(C * N))
+        ess[d] = C * N / tau
+    return ess

@@ -1,0 +1,356 @@
+"""GP-GRIEF: GPs with grid-structured eigenfunctions (Evans & Nair, ICML 2018, arXiv 1807.02125; spec:
+shared/specs/grief.md).
+
+The kernel is the Nyström approximation of an SE-ARD kernel on a Cartesian grid U of ``m = prod_i mbar_i`` inducing
+points (m up to 10^33), truncated to its top p eigenfunctions (eqs. 3, 4):
+
+    k~(x, z) = phi(x)^T phi(z),     Phi = K_XU Q S_p^T Lambda_p^{-1/2}   [n, p],
+
+computed in O(d n p) with Kronecker and Khatri-Rao algebra (Algorithm 1, Theorem 2; :mod:`gpscale.kernels.grid`).
+With weights ``w ~ N(0, I_p)`` it is a Bayesian linear model, so everything runs on the linear engine
+(``_linear.py``) with ``B = I + A / sigma^2`` and ``A = Phi^T Phi``, ``r = Phi^T y``: the evidence (eq. 18 with
+W = I) and the predictive (spec §3.8)
+
+    mean = phi*^T P^{-1} r,     var f* = sigma^2 phi*^T P^{-1} phi*,     P = sigma^2 I + A = sigma^2 B.
+
+The registered model is GP-GRIEF-II (type II): w = 1 and the SE-ARD hyperparameters {lengthscales, s_f^2, sigma^2}
+maximise the evidence, with autograd gradients through the 1-D eigendecompositions (the official code uses forward
+finite differences). The selected top-p index set changes with the lengthscales, so the objective is only
+piecewise smooth (pitfall 9); the gradient is exact within each piece.
+
+For GP-GRIEF-I (theta fixed, MCMC over re-weighted eigenfunctions ``k~ = sum_i w_i phi_i phi_i``, eqs. 16-18) this
+module gives the evidence as pure functions of (w, sigma^2) on precomputed statistics (:meth:`GRIEF.statistics`):
+:func:`reweighted_log_likelihood` in O(p^3) and, on the orthogonalised basis of spec §3.9,
+:func:`orthogonal_log_likelihood` in O(p); autograd gives their gradients.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed import LOCAL, Comm
+from ..kernels import RBF, Kernel
+from ..kernels.grid import (
+    cross_factors,
+    factor_eigh,
+    grid_factors,
+    grid_points,
+    grief_features,
+    top_eigenvalues,
+)
+from . import _linear
+from ._linear import CORE
+from .base import GPModel, register
+from .exact import ExactGP
+
+__all__ = ["GRIEF", "GridSpectrum", "OrthogonalBasis", "paper_n_eigen", "weighted", "reweighted_log_likelihood",
+           "reweighted_predict", "orthogonalise", "orthogonal_log_likelihood", "orthogonal_predict"]
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def paper_n_eigen(n: int) -> int:
+    """The paper's number of eigenfunctions for GP-GRIEF-II, ``p = min(1000, 10^floor(log10 n))`` (Table 1)."""
+    return min(1000, 10 ** (len(str(int(n))) - 1))
+
+
+# --- GP-GRIEF-I: re-weighted eigenfunctions on fixed features (spec §3.8, §3.9) ----------------------------------
+def weighted(stats: _linear.Statistics, w: Tensor) -> _linear.Statistics:
+    """The statistics of the features ``Phi W^{1/2}``, whose kernel is ``Phi W Phi^T`` (eq. 17)."""
+    root = w.to(CORE).sqrt()
+    return replace(stats, A=root.unsqueeze(-1) * stats.A * root, b=root * stats.b)
+
+
+def reweighted_log_likelihood(w: Tensor, noise: Tensor, stats: _linear.Statistics) -> Tensor:
+    """``log N(y | 0, Phi W Phi^T + sigma^2 I)`` (eq. 18) from ``A = Phi^T Phi``, ``r = Phi^T y``, y^T y and n in
+    ``stats`` (``_linear.accumulate``), for weights w [p] > 0 and noise sigma^2: O(p^3), whatever n.
+
+    It is the engine's evidence of the features ``Phi W^{1/2}``: ``|I + W^{1/2} A W^{1/2} / sigma^2| =
+    |P| |W| / sigma^{2p}`` with ``P = sigma^2 W^{-1} + A`` turns it into eq. 18b. Valid for p > n. A float64 scalar,
+    differentiable in w and sigma^2 (autograd gives the p + 1 derivatives of spec §3.8). The data fit is
+    ``y^T y / sigma^2 - c^T c``: with only the statistics there is no cancellation-free form (pitfall 8).
+    """
+    noise = noise.to(CORE)
+    return _linear.log_evidence(_linear.collapse_cholesky(weighted(stats, w), noise), noise)
+
+
+def reweighted_predict(Phi: Tensor, w: Tensor, noise: Tensor, stats: _linear.Statistics) -> tuple[Tensor, Tensor]:
+    """Latent mean ``phi*^T P^{-1} r`` and variance ``sigma^2 phi*^T P^{-1} phi*`` [c] of the re-weighted model at
+    test features Phi [c, p] (spec §3.8, ``P = sigma^2 W^{-1} + A``)."""
+    post = _linear.collapse_cholesky(weighted(stats, w), noise.to(CORE))
+    return _linear.predict_linear(post.L_B, post.weight_mean, Phi.to(CORE) * w.to(CORE).sqrt())
+
+
+@dataclass
+class OrthogonalBasis:
+    """The training features orthogonalised (spec §3.9): ``Phi = U_s diag(s) V^T`` (thin SVD, from
+    ``A = Phi^T Phi = V diag(s^2) V^T``), basis ``phi~(x) = diag(s)^{-1} V^T phi(x)`` with ``Phi~ = U_s``."""
+
+    V: Tensor  # [p, q], the kept right singular vectors of Phi
+    s: Tensor  # [q], its kept singular values
+    r: Tensor  # [q], r~ = U_s^T y = V^T r / s
+    rss: Tensor  # [], y^T y - ||r~||^2 = ||(I - U_s U_s^T) y||^2, the part of y outside the span of Phi
+    n: int
+
+    def transform(self, Phi: Tensor) -> Tensor:
+        """``Phi~ = Phi V diag(s)^{-1}`` [c, q] for features Phi [c, p] (training or test: pitfall 10)."""
+        return Phi.to(CORE) @ (self.V / self.s)
+
+
+def orthogonalise(stats: _linear.Statistics, rcond: float = 1e-12) -> OrthogonalBasis:
+    """The orthogonal basis of the features whose statistics are ``stats``, without holding Phi (spec §3.9's
+    memory trick, O(p^3) once).
+
+    eigh of A squares the condition number of Phi, so directions with ``s^2 <= rcond * max(s^2)`` are dropped
+    (relative: the official code drops ``s <= 1e-7`` from an SVD of Phi itself); q = p~ <= min(n, p) remain. The
+    weights ``w~ = s^2`` give the evidence of the Nyström model with w = 1, up to the dropped directions (for
+    predictions see :func:`orthogonal_predict`).
+    """
+    s2, V = torch.linalg.eigh(stats.A.to(CORE))
+    keep = s2 > rcond * s2.max()
+    s, V = s2[keep].sqrt(), V[:, keep]
+    r = (V.T @ stats.b.to(CORE)) / s
+    return OrthogonalBasis(V=V, s=s, r=r, rss=(stats.yy - r @ r).clamp_min(0.0), n=stats.n)
+
+
+def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> Tensor:
+    """``log N(y | 0, U_s W~ U_s^T + sigma^2 I)`` for weights w~ [q] > 0 on the orthogonal basis, in O(q) (spec §3.9):
+
+        -1/2 [rss / sigma^2 + sum_i r~_i^2 / (w~_i + sigma^2) + sum_i log(w~_i + sigma^2)
+              + (n - q) log sigma^2 + n log 2 pi].
+
+    A float64 scalar, differentiable in w~ and sigma^2. It is a different prior from eq. 18's (the basis depends on
+    the data); ``w~ = basis.s ** 2`` gives the w = 1 model.
+    """
+    s2, total = noise.to(CORE), w.to(CORE) + noise.to(CORE)
+    q = basis.r.shape[0]
+    return -0.5 * (basis.rss / s2 + (basis.r**2 / total).sum() + total.log().sum()
+                   + (basis.n - q) * s2.log() + basis.n * LOG_2PI)
+
+
+def orthogonal_predict(Phi: Tensor, w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:
+    """Latent mean ``Phi~* (w~ r~ / (w~ + sigma^2))`` and variance ``Phi~*^2 (sigma^2 w~ / (w~ + sigma^2))`` [c] at
+    test features Phi [c, p], transformed here by ``V / s`` (not the official code's untransformed variance).
+
+    With ``w~ = s^2`` the mean is the w = 1 model's; so is the variance when the kept V span every phi*, i.e.
+    p <= n at full rank. Otherwise the part of phi* outside span(V), which no training row constrains, has prior
+    variance ``||(I - V V^T) phi*||^2`` in the w = 1 model and none here: the orthogonal form is a different prior.
+    """
+    Phi_t, w, s2 = basis.transform(Phi), w.to(CORE), noise.to(CORE)
+    shrink = w / (w + s2)
+    return Phi_t @ (shrink * basis.r), Phi_t**2 @ (s2 * shrink)
+
+
+# --- GP-GRIEF-II ------------------------------------------------------------------------------------------------
+@dataclass
+class GridSpectrum:
+    """The top-p eigenpairs of K_UU at one set of hyperparameters, as Algorithm 1 gives them."""
+
+    Q: list[Tensor]  # d eigenvector matrices Q^(i) [mbar_i, mbar_i]
+    idxs: Tensor  # [p, d] Kronecker indices of the selected eigenpairs
+    logl: Tensor  # [p] their log-eigenvalues, descending (differentiable)
+
+
+@register("grief")
+class GRIEF(GPModel):
+    """GP-GRIEF-II: the Nyström kernel of an SE-ARD kernel on a Cartesian grid, truncated to its top p
+    eigenfunctions, with w = 1 and the hyperparameters learned on the evidence (spec §3.10), trained full batch.
+
+    Each step rebuilds the d 1-D eigendecompositions, Algorithm 1, Phi [n, p] and ``A = Phi^T Phi``:
+    O(d mbar^3 + d n p + n p^2 + p^3) time and O(n p) memory (spec §4 step 7c; Phi is computed in checkpointed
+    chunks of ``chunk_size`` rows, so the autograd graph is held for one chunk at a time). The posterior is fitted
+    in one streamed pass, O(chunk x p) memory, and prediction needs only the cache (grid, selected eigenvectors,
+    posterior), not the training data. Features and the p x p core are float64 whatever the model dtype: Phi is a
+    sum of d logs.
+
+    Args:
+        n_eigen: p, the number of eigenfunctions (capped at m). Default None: the paper's
+            ``min(1000, 10^floor(log10 n))``, resolved in :meth:`init` (e.g. 100 for n = 200).
+        grid_size: mbar, grid points per dimension (default 10, the paper's); a column with fewer distinct values
+            gets exactly those (:func:`~gpscale.kernels.grid.grid_points`). Built from the training inputs.
+        init_exact_points: initialise the hyperparameters as the paper does, from an exact SE-ARD GP fitted on
+            this many random training rows (default 1000; all of them if n is smaller); 0 keeps the constructor's
+            ``lengthscale``, ``outputscale`` and ``noise``.
+        init_iterations: L-BFGS iterations of that exact-GP fit (default 100).
+        jitter: added to each 1-D grid factor K^(i) (default 1e-12, the official code's).
+        kernel: only ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method) or an
+            :class:`~gpscale.kernels.RBF`: the grid algebra needs a product of 1-D squared exponentials. ``ard``
+            (default True) gives one lengthscale per dimension; the outputscale is s_f^2, applied once.
+        **kwargs: ``lengthscale``, ``outputscale``, ``ard``, ``noise``, ``learn_noise``, ``noise_floor`` and
+            ``chunk_size`` of :class:`GPModel`.
+    """
+
+    full_batch = True
+
+    def __init__(self, n_features: int, n_eigen: int | None = None, grid_size: int = 10,
+                 init_exact_points: int = 1000, init_iterations: int = 100, jitter: float = 1e-12, *,
+                 kernel: str | Kernel | None = "rbf", **kwargs):
+        _check_options(n_eigen=n_eigen, grid_size=grid_size, init_exact_points=init_exact_points,
+                       init_iterations=init_iterations, jitter=jitter, kernel=kernel)
+        super().__init__(n_features, kernel="rbf" if kernel is None else kernel, **kwargs)
+        self.n_eigen = None if n_eigen is None else int(n_eigen)
+        self.grid_size = int(grid_size)
+        self.init_exact_points = int(init_exact_points)
+        self.init_iterations = int(init_iterations)
+        self.jitter = float(jitter)
+        # the grid is data-dependent but its padded shape is not, so a saved model loads into a fresh one
+        self.register_buffer("grid", torch.zeros(self.n_features, self.grid_size))  # row i: xg[i], padded
+        self.register_buffer("grid_sizes", torch.zeros(self.n_features, dtype=torch.long))  # mbar_i; 0 = no grid
+        self.register_buffer("n_eigen_", torch.tensor(0))  # p as resolved by init
+
+    # --- initialisation -----------------------------------------------------------------------------------
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        """Build the grid from the training inputs X [n, d] (never test inputs: pitfall 12), resolve p and, if
+        ``init_exact_points``, initialise the hyperparameters from an exact GP on a random subset."""
+        xg = grid_points(X.detach(), self.grid_size)
+        with torch.no_grad():
+            self.grid.zero_()
+            for i, x in enumerate(xg):
+                self.grid[i, : x.shape[0]] = x.to(self.grid.dtype)
+                self.grid_sizes[i] = x.shape[0]
+            self.n_eigen_.fill_(self.n_eigen if self.n_eigen is not None else paper_n_eigen(X.shape[0]))
+        if self.init_exact_points > 0:
+            self.initialise_from_exact_gp(X, y, seed)
+
+    def initialise_from_exact_gp(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        """Fit an exact SE-ARD GP on ``min(n, init_exact_points)`` random rows and copy its lengthscales, s_f^2 and
+        sigma^2 (the paper's initialisation, spec §5).
+
+        L-BFGS rather than :func:`gpscale.train.fit`: the paper fits this GP to the maximum of its evidence (GPy's
+        L-BFGS-B), and for a handful of hyperparameters L-BFGS with a line search gets there in tens of iterations,
+        whereas Adam with a fixed budget and learning rate stops short of it or oscillates. float64 throughout:
+        the n x n Cholesky at a 1000 points is where float32 fails.
+        """
+        rows = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(seed))[: self.init_exact_points]
+        Xs, ys = X.detach()[rows.to(X.device)].to(CORE), y.detach()[rows.to(y.device)].to(CORE)
+        exact = ExactGP(self.n_features, kernel=copy.deepcopy(self.kernel), noise=float(self.noise.detach()),
+                        learn_noise=self.likelihood.learn_noise, noise_floor=self.likelihood.noise_floor).to(CORE)
+        parameters = [p for p in exact.parameters() if p.requires_grad]
+        lbfgs = torch.optim.LBFGS(parameters, max_iter=self.init_iterations, line_search_fn="strong_wolfe")
+
+        def closure() -> Tensor:
+            lbfgs.zero_grad()
+            loss = exact.loss(Xs, ys, Xs.shape[0])
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+        self.kernel.load_state_dict(exact.kernel.state_dict())
+        self.likelihood.load_state_dict(exact.likelihood.state_dict())
+
+    # --- the features -------------------------------------------------------------------------------------
+    def grids(self) -> list[Tensor]:
+        """The d 1-D grids xg[i] [mbar_i] (float64)."""
+        if not (self.grid_sizes > 0).all():
+            raise RuntimeError("The grief model has no grid yet: train it with gpscale.train.fit, or call "
+                               "init(X, y) with the training data first.")
+        return [row[:size].to(CORE) for row, size in zip(self.grid, self.grid_sizes.tolist())]
+
+    def hyperparameters(self) -> tuple[Tensor, Tensor]:
+        """Lengthscales [d] or [1] and s_f^2 [] (float64, differentiable)."""
+        return self.kernel.lengthscale.to(CORE), self.kernel.outputscale.to(CORE)
+
+    def spectrum(self) -> GridSpectrum:
+        """Eigendecompose the d grid factors and select the top p eigenpairs (spec §4 steps 1-3), differentiably."""
+        lengthscale, outputscale = self.hyperparameters()
+        eigen = [factor_eigh(K) for K in grid_factors(self.grids(), lengthscale, outputscale, self.jitter)]
+        logl, idxs = top_eigenvalues([lam for lam, _ in eigen], int(self.n_eigen_))
+        return GridSpectrum(Q=[Q for _, Q in eigen], idxs=idxs, logl=logl)
+
+    def feature_map(self, spectrum: GridSpectrum) -> Callable[[Tensor], Tensor]:
+        """``x -> phi(x)``: X [c, d] -> Phi [c, p] (float64) for the eigenpairs of ``spectrum`` (steps 4-5)."""
+        xg = self.grids()
+        lengthscale, outputscale = self.hyperparameters()
+
+        def phi(X: Tensor) -> Tensor:
+            Kxu = cross_factors(X.to(CORE), xg, lengthscale, outputscale)
+            return grief_features(Kxu, spectrum.Q, spectrum.idxs, spectrum.logl)
+
+        return phi
+
+    def features(self, X: Tensor) -> Tensor:
+        """Phi [n, p] at the current hyperparameters, ``chunk_size`` rows at a time (checkpointed when several)."""
+        phi = self.feature_map(self.spectrum())
+        chunks = X.split(self.chunk_size)
+        if torch.is_grad_enabled() and len(chunks) > 1:
+            return torch.cat([checkpoint(phi, Xc, use_reentrant=False) for Xc in chunks])
+        return torch.cat([phi(Xc) for Xc in chunks])
+
+    # --- training -----------------------------------------------------------------------------------------
+    def log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
+        """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (eq. 18 with W = I; float64 scalar, differentiable in every
+        hyperparameter), with the engine's cancellation-free data fit (pitfall 8)."""
+        Phi, y = self.features(X), y.to(CORE)
+        post = _linear.collapse_cholesky(_linear.accumulate(_rows, Phi, y, chunk_size=self.chunk_size), self.noise)
+        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size)
+        return _linear.log_evidence(replace(post, quad=quad), self.noise)
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return -self.log_marginal_likelihood(X, y) / num_data
+
+    # --- posterior ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def statistics(self, X: Tensor, y: Tensor, comm: Comm = LOCAL,
+                   spectrum: GridSpectrum | None = None) -> _linear.Statistics:
+        """``A = Phi^T Phi``, ``r = Phi^T y``, y^T y and n at the current hyperparameters (or the eigenpairs of
+        ``spectrum``), in one streamed pass (memory O(chunk x p)): the precomputation of GP-GRIEF-I
+        (:func:`reweighted_log_likelihood`, :func:`orthogonalise`)."""
+        phi = self.feature_map(self.spectrum() if spectrum is None else spectrum)
+        return _linear.accumulate(phi, X, y.to(CORE), chunk_size=self.chunk_size, comm=comm)
+
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        spectrum = self.spectrum()
+        post = _linear.collapse_cholesky(self.statistics(X, y, comm, spectrum), self.noise)
+        self.cache = {**self.spectrum_cache(spectrum), "L_B": post.L_B, "w_mean": post.weight_mean}
+
+    def spectrum_cache(self, spectrum: GridSpectrum) -> dict[str, Tensor]:
+        """The eigenpairs as the cache holds them (:meth:`cached_spectrum` reads them back): the d factors Q^(i)
+        zero-padded into one [d, mbar, mbar] tensor, so that a saved model loads into a fresh one."""
+        Q = torch.zeros(self.n_features, self.grid_size, self.grid_size, dtype=CORE, device=spectrum.logl.device)
+        for i, Qi in enumerate(spectrum.Q):
+            Q[i, : Qi.shape[0], : Qi.shape[1]] = Qi
+        return {"Q": Q, "idxs": spectrum.idxs, "logl": spectrum.logl}
+
+    def cached_spectrum(self) -> GridSpectrum:
+        """The spectrum that :meth:`fit_posterior` stored (eigenvector signs included, which the posterior is
+        tied to)."""
+        sizes = self.grid_sizes.tolist()
+        Q = [Qi[:size, :size] for Qi, size in zip(self.cache["Q"], sizes)]
+        return GridSpectrum(Q=Q, idxs=self.cache["idxs"], logl=self.cache["logl"])
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean ``phi*^T P^{-1} r`` and variance ``sigma^2 phi*^T P^{-1} phi*`` [c] (spec §3.8 with W = I)."""
+        Phi = self.feature_map(self.cached_spectrum())(X)
+        mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
+        return mean.to(X.dtype), var.to(X.dtype)
+
+
+def _rows(Phi: Tensor) -> Tensor:
+    # the engine's feature map over rows of a Phi that is already float64
+    return Phi
+
+
+def _check_options(*, n_eigen, grid_size, init_exact_points, init_iterations, jitter, kernel) -> None:
+    if n_eigen is not None and (int(n_eigen) != n_eigen or n_eigen < 1):
+        raise ValueError(f"Expected n_eigen to be a positive integer, or None for the paper's "
+                         f"min(1000, 10^floor(log10 n)). Got {n_eigen!r}.")
+    if int(grid_size) != grid_size or grid_size < 2:
+        raise ValueError(f"Expected grid_size (grid points per dimension; the paper uses 10) to be an integer "
+                         f">= 2. Got {grid_size!r}.")
+    if int(init_exact_points) != init_exact_points or init_exact_points < 0:
+        raise ValueError(f"Expected init_exact_points to be a non-negative integer (0 skips the exact-GP "
+                         f"initialisation). Got {init_exact_points!r}.")
+    if int(init_iterations) != init_iterations or init_iterations < 1:
+        raise ValueError(f"Expected init_iterations to be a positive integer. Got {init_iterations!r}.")
+    if not jitter >= 0:
+        raise ValueError(f"Expected jitter >= 0. Got {jitter!r}.")
+    if not (kernel in (None, "rbf") or isinstance(kernel, RBF)):
+        raise ValueError(f"GP-GRIEF's grid algebra needs a product of 1-D squared exponentials: use "
+                         f"kernel='rbf' (with ard=True for SE-ARD), got kernel={kernel!r}.")

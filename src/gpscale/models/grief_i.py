@@ -1,0 +1,322 @@
+"""GP-GRIEF-I: type-I inference on re-weighted grid eigenfunctions (Evans & Nair, ICML 2018; spec
+shared/specs/grief.md §3.8-3.10).
+
+The SE-ARD hyperparameters theta and the initial noise sigma_0^2 stay at the paper's initialisation (an exact GP on at
+most 1000 rows, :meth:`GRIEF.initialise_from_exact_gp`), so the features Phi are fixed. One streamed pass gives
+``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of
+
+    k~(x, z) = sum_i w_i phi_i(x) phi_i(z),    y = f + eps,  eps ~ N(0, sigma^2),
+
+in ``x = (log u, log sigma^2)`` under the paper's log-normal priors (u_i: mode 1, variance 100; sigma^2: mode
+sigma_0^2, variance 0.04), starting at their mode. Two solvers evaluate the evidence:
+
+* ``"reweighted"``: eq. 18, u = w on the features themselves, O(p^3) per step.
+* ``"orthogonal"``: spec §3.9, the weights ``w~ = s^2 u`` on the orthogonalised basis ``Phi~ = U_s``, O(p) per
+  step. The chain runs on the weights *relative to* ``s^2`` (pitfall 10): u = 1 is the w = 1 Nyström model, and the
+  paper's (mode 1, variance 100) prior on u is the prior of w~ / s^2, so the start is again the prior mode and
+  the w = 1 model. (A (mode 1, variance 100) prior on w~ itself would put the Nyström model, w~ = s^2 ~ n mu_i,
+  far in the prior's tail.) It is a different model from eq. 16: its basis depends on the data (spec §3.9).
+
+Prediction (spec §3.10): the predictive is an equal mixture over the S kept samples. Each sample's posterior of the
+feature weights beta (``f(x) = phi(x)^T beta``) is Gaussian, ``N(P^{-1} r, sigma^2 P^{-1})`` with
+``P = sigma^2 W^{-1} + A``, so by the law of total covariance the mixture of f* has
+
+    mean = phi*^T m,   var f* = phi*^T C phi*,   m = mean_s m_s,   C = mean_s sigma_s^2 P_s^{-1} + cov_s(m_s),
+
+i.e. the mean of the per-sample variances plus the variance of the per-sample means, exactly. The cache holds m
+[p] and C [p, p] only: O(p^2) memory whatever S (per-sample Cholesky factors would take S p^2, 2.9 GB for the
+paper's 358 samples at p = 1000), and prediction costs what GP-GRIEF-II's does. After :meth:`fit_posterior` the
+likelihood's sigma^2 is the posterior mean of sigma^2, so ``likelihood.predictive`` adds E[sigma^2] and gives the
+mixture's variance of y* too; sigma_0^2 stays in the buffer ``noise0_``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..distributed import LOCAL, Comm
+from ..kernels import inverse_softplus
+from ..linalg import NotPSDError
+from ..mcmc import (
+    ExpTransform,
+    LogNormal,
+    MCMCResult,
+    effective_sample_size,
+    kept_iterations,
+    mala,
+    split_rhat,
+    transformed_log_target,
+)
+from . import _linear
+from ._linear import CORE
+from .base import register
+from .grief import GRIEF, orthogonal_log_likelihood, orthogonalise, reweighted_log_likelihood, weighted
+
+__all__ = ["GRIEFI", "ConvergenceWarning", "SOLVERS", "ORTHOGONAL_ABOVE"]
+
+SOLVERS = ("auto", "reweighted", "orthogonal")
+ORTHOGONAL_ABOVE = 10**6  # "auto" uses the O(p) solver above this n, as the paper did (only electric, n = 2M)
+RHAT_LIMIT = 1.1  # the classic split R-hat cut (Gelman et al., BDA3)
+TUNE_MODES = ("burn_in", "always", "never")
+
+
+class ConvergenceWarning(RuntimeWarning):
+    """GP-GRIEF-I's chains disagree: split R-hat above 1.1."""
+
+
+# --- the two evidence solvers ------------------------------------------------------------------------------------
+class _Reweighted:
+    """Eq. 18 on the features themselves: the chain's weights u are w [p]; O(p^3) per evaluation."""
+
+    name = "reweighted"
+
+    def __init__(self, stats: _linear.Statistics):
+        self.stats = stats
+        self.dim = stats.A.shape[0]
+
+    def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
+        return reweighted_log_likelihood(u, noise, self.stats)
+
+    def weight_moments(self, u: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Mixture mean [p] and covariance [p, p] of beta over samples u [S, p], noise [S]; O(S p^3) time,
+        O(S p + p^2) memory."""
+        means, within = [], torch.zeros_like(self.stats.A)
+        for w, s2 in zip(u, noise):
+            post = _linear.collapse_cholesky(weighted(self.stats, w), s2)
+            root = w.sqrt()
+            # sigma^2 P^{-1} = W^{1/2} B^{-1} W^{1/2}, B = L_B L_B^T = I + W^{1/2} A W^{1/2} / sigma^2: the engine's
+            # well-conditioned B rather than P, whose sigma^2 / w diagonal can be tiny
+            within += root[:, None] * torch.cholesky_inverse(post.L_B) * root
+            means.append(root * post.weight_mean)
+        return _mixture(torch.stack(means), within / len(means))
+
+
+class _Orthogonal:
+    """Spec §3.9: weights ``w~ = s^2 u`` [q] on the orthogonal basis ``phi~ = V^T phi / s``; O(q) per evaluation."""
+
+    name = "orthogonal"
+
+    def __init__(self, stats: _linear.Statistics):
+        self.basis = orthogonalise(stats)
+        self.dim = self.basis.s.shape[0]
+
+    def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
+        return orthogonal_log_likelihood(self.basis.s**2 * u, noise, self.basis)
+
+    def weight_moments(self, u: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """Mixture mean [p] and covariance [p, p] of beta over samples u [S, q], noise [S], mapped from the
+        orthogonal basis by ``T = V / s`` [p, q] (``phi~ = T^T phi``, so beta = T beta~)."""
+        w = self.basis.s**2 * u
+        shrink = w / (w + noise[:, None])  # per sample, beta~ | y ~ N(shrink r~, diag(sigma^2 shrink))
+        mean, cov = _mixture(shrink * self.basis.r, torch.diag((noise[:, None] * shrink).mean(0)))
+        T = self.basis.V / self.basis.s
+        return T @ mean, T @ cov @ T.T
+
+
+def _mixture(means: Tensor, within: Tensor) -> tuple[Tensor, Tensor]:
+    """Moments of an equal mixture of Gaussians with means [S, k] and average covariance ``within`` [k, k]:
+    the mean of the means, and ``within`` plus the (population, divisor S) covariance of the means."""
+    mean = means.mean(0)
+    centred = means - mean
+    return mean, within + centred.T @ centred / means.shape[0]
+
+
+# --- the model ----------------------------------------------------------------------------------------------------
+@register("grief-i")
+class GRIEFI(GRIEF):
+    """GP-GRIEF-I: theta fixed at the exact-GP initialisation, MALA over the eigenfunction weights and the noise.
+
+    Training has nothing to optimise (``trainable = False``: :func:`gpscale.train.fit` skips its epochs).
+    :meth:`fit_posterior` does the work: one streamed statistics pass, then ``n_chains`` MALA chains seeded by fit's
+    ``seed``.
+
+    Args:
+        n_eigen: p (default 1000, the paper's for type I; None gives type II's ``min(1000, 10^floor(log10 n))``).
+        solver: ``"reweighted"`` (eq. 18, O(p^3) per step), ``"orthogonal"`` (spec §3.9, O(p) per step, weights
+            relative to s^2 on the orthogonal basis) or ``"auto"`` (default): orthogonal when n > 10^6, as the paper.
+        n_iterations, burn_in, thin: MALA iterations; iteration i is kept when ``i > burn_in and i % thin == 0``
+            (defaults 10,000 / 1,000 / 50: 179 samples per chain, the paper's).
+        n_chains: independent chains, all started at the prior mode (default 2, so that split R-hat compares
+            chains).
+        step_size: MALA's initial step h (0.4, the official tutorial's); tuned every 1000 iterations.
+        tune: ``"burn_in"`` (default) tunes h during burn-in only; ``"always"`` as the official code (an adaptive
+            chain); ``"never"``.
+        jacobian: include the exp transform's Jacobian ``sum(x)`` in the target (default True, the stated posterior);
+            False drops it as the official code does (which samples softplus-transformed parameters).
+        weight_prior_variance, noise_prior_variance: variances of the log-normal priors of u (mode 1) and sigma^2
+            (mode sigma_0^2); the paper's 100 and 0.04.
+        **kwargs: the options of :class:`GRIEF` (``grid_size``, ``init_exact_points``, ``init_iterations``,
+            ``jitter``, ``kernel``, ``lengthscale``, ``outputscale``, ``noise``, ``chunk_size``, ...).
+
+    After :meth:`fit_posterior`: ``mcmc_summary_`` (a dict of floats: acceptance rates, step sizes, split R-hat and
+    ESS, their worst values over (log u, log sigma^2) and sigma^2's own, the posterior mean of sigma^2), ``solver_``
+    (the solver used) and ``cache["samples"]`` [C, S, q + 1] (the kept x = (log u, log sigma^2), saved with the
+    model). A :class:`ConvergenceWarning` says when the largest split R-hat exceeds 1.1.
+    """
+
+    trainable = False
+    posterior_options = ("solver", "n_iterations", "burn_in", "thin", "n_chains", "step_size", "tune", "jacobian",
+                         "weight_prior_variance", "noise_prior_variance")
+
+    def __init__(self, n_features: int, n_eigen: int | None = 1000, *, solver: str = "auto",
+                 n_iterations: int = 10_000, burn_in: int = 1_000, thin: int = 50, n_chains: int = 2,
+                 step_size: float = 0.4, tune: str = "burn_in", jacobian: bool = True,
+                 weight_prior_variance: float = 100.0, noise_prior_variance: float = 0.04, **kwargs):
+        super().__init__(n_features, n_eigen, **kwargs)
+        self.solver = solver
+        self.n_iterations = n_iterations
+        self.burn_in = burn_in
+        self.thin = thin
+        self.n_chains = n_chains
+        self.step_size = step_size
+        self.tune = tune
+        self.jacobian = jacobian
+        self.weight_prior_variance = weight_prior_variance
+        self.noise_prior_variance = noise_prior_variance
+        _check_mcmc_options(self)
+        # sigma_0^2 (the noise prior's mode and the chain's start) and fit's seed travel with the model, so a loaded
+        # model refits the same posterior; the likelihood's noise becomes E[sigma^2] after fit_posterior
+        self.register_buffer("noise0_", self.noise.detach().clone())
+        self.register_buffer("seed_", torch.tensor(0))
+        self.solver_: str | None = None
+        self.mcmc_summary_: dict[str, float] = {}
+
+    # --- initialisation and (no) training --------------------------------------------------------------------
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        """GRIEF's grid and exact-GP initialisation, which fixes theta and sigma_0^2; ``seed`` also seeds the
+        MCMC."""
+        super().init(X, y, seed)
+        with torch.no_grad():
+            self.noise0_.copy_(self.noise)
+            self.seed_.fill_(int(seed))
+
+    # --- the MCMC target ----------------------------------------------------------------------------------------
+    def make_solver(self, stats: _linear.Statistics) -> _Reweighted | _Orthogonal:
+        """The evidence solver that ``self.solver`` selects for statistics of n rows."""
+        orthogonal = self.solver == "orthogonal" or (self.solver == "auto" and stats.n > ORTHOGONAL_ABOVE)
+        return _Orthogonal(stats) if orthogonal else _Reweighted(stats)
+
+    def log_target(self, solver: _Reweighted | _Orthogonal) -> Callable[[Tensor], Tensor]:
+        """``x = (log u [q], log sigma^2) -> log p(y | u, sigma^2) + log p(u) + log p(sigma^2) (+ sum x)``, a
+        differentiable float64 scalar; -inf (a rejected proposal) where the evidence fails or is not finite."""
+        weight_prior = LogNormal.from_mode_variance(1.0, self.weight_prior_variance)
+        noise_prior = LogNormal.from_mode_variance(float(self.noise0_), self.noise_prior_variance)
+        reject = torch.tensor(-math.inf, dtype=CORE)
+
+        def log_posterior(f: Tensor) -> Tensor:
+            u, noise = f[:-1], f[-1]
+            try:
+                lml = solver.log_likelihood(u, noise)
+            except NotPSDError:  # e.g. exp(x) overflowed: reject the proposal instead of stopping the chain
+                return reject
+            if not torch.isfinite(lml):
+                return reject
+            return lml + weight_prior.log_prob(u).sum() + noise_prior.log_prob(noise)
+
+        return transformed_log_target(log_posterior, ExpTransform, jacobian=self.jacobian)
+
+    def start(self, solver: _Reweighted | _Orthogonal) -> Tensor:
+        """The prior mode ``x0 = (0 [q], log sigma_0^2)`` [q + 1]: u = 1, the w = 1 model of either solver."""
+        return torch.cat([torch.zeros(solver.dim, dtype=CORE), self.noise0_.to(CORE).log().reshape(1)])
+
+    # --- posterior ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        """One statistics pass over (X, y), MALA, then the mixture moments of the weights (module docstring)."""
+        _check_mcmc_options(self)  # posterior options may have been set as attributes since construction
+        spectrum = self.spectrum()  # kept: the cache must hold the eigenvectors (signs included) of Phi
+        stats = self.statistics(X, y, comm, spectrum)
+        solver = self.make_solver(stats)
+        result = mala(self.log_target(solver), self.start(solver), n_iterations=int(self.n_iterations),
+                      burn_in=int(self.burn_in), thin=int(self.thin), step_size=float(self.step_size),
+                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_))
+        x = result.flat_samples
+        noise = x[:, -1].exp()
+        mean, cov = solver.weight_moments(x[:, :-1].exp(), noise)
+        self.cache = {**self.spectrum_cache(spectrum), "weight_mean": mean, "weight_cov": cov,
+                      "samples": result.samples}
+        self._set_noise(noise.mean())
+        self.solver_ = solver.name
+        self.mcmc_summary_ = _summarise(result)
+        _warn_if_unconverged(self.mcmc_summary_, self.n_iterations, self.n_chains)
+
+    def _set_noise(self, value: Tensor) -> None:
+        """Set the likelihood's sigma^2 to ``value`` (within its floor), so that ``likelihood.predictive`` adds the
+        posterior mean of sigma^2: the mixture's variance of y* is E[var f*] + Var[mean f*] + E[sigma^2]."""
+        lik = self.likelihood
+        excess = (value - lik.noise_floor).clamp_min(torch.finfo(CORE).tiny)
+        lik.raw_noise.copy_(inverse_softplus(excess).to(lik.raw_noise))
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """The mixture's mean ``phi*^T m`` and latent variance ``phi*^T C phi*`` [c]; O(c p^2)."""
+        Phi = self.feature_map(self.cached_spectrum())(X)
+        mean = Phi @ self.cache["weight_mean"]
+        var = ((Phi @ self.cache["weight_cov"]) * Phi).sum(-1).clamp_min(0.0)  # C is PSD; clip round-off
+        return mean.to(X.dtype), var.to(X.dtype)
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+def _summarise(result: MCMCResult) -> dict[str, float]:
+    """Acceptance rates, step sizes, split R-hat and ESS of the kept x [C, S, q + 1] (NaN with < 4 draws per
+    chain, or for parameters that never moved)."""
+    x = result.samples
+    if x.shape[1] >= 4:
+        rhat, ess = split_rhat(x), effective_sample_size(x)
+    else:
+        rhat = ess = np.full(x.shape[-1], np.nan)
+    return {
+        "acceptance_rate_min": result.acceptance_rate.min().item(),
+        "acceptance_rate_max": result.acceptance_rate.max().item(),
+        "step_size_min": result.step_size.min().item(),
+        "step_size_max": result.step_size.max().item(),
+        "rhat_max": _finite_or_nan(np.max, rhat),
+        "rhat_noise": float(rhat[-1]),
+        "ess_min": _finite_or_nan(np.min, ess),
+        "ess_noise": float(ess[-1]),
+        "n_samples": float(x.shape[0] * x.shape[1]),
+        "noise_mean": x[..., -1].exp().mean().item(),
+    }
+
+
+def _finite_or_nan(reduce, values: np.ndarray) -> float:
+    # NaN marks a parameter without a verdict (constant draws): leave it out unless every parameter is NaN
+    kept = values[~np.isnan(values)]
+    return float(reduce(kept)) if kept.size else math.nan
+
+
+def _warn_if_unconverged(summary: dict[str, float], n_iterations: int, n_chains: int) -> None:
+    if summary["rhat_max"] > RHAT_LIMIT:
+        warnings.warn(
+            f"GP-GRIEF-I's MCMC has not converged: the largest split R-hat is {summary['rhat_max']:.3g} "
+            f"(sigma^2: {summary['rhat_noise']:.3g}; want <= {RHAT_LIMIT}). Run more iterations (n_iterations, now "
+            f"{n_iterations}) or more chains (n_chains, now {n_chains}); acceptance rates were "
+            f"{summary['acceptance_rate_min']:.2f}-{summary['acceptance_rate_max']:.2f}.",
+            ConvergenceWarning, stacklevel=4)  # past fit_posterior's no_grad wrapper, to its caller
+
+
+def _check_mcmc_options(model: GRIEFI) -> None:
+    if model.solver not in SOLVERS:
+        raise ValueError(f"Expected solver to be one of {SOLVERS}. Got {model.solver!r}.")
+    for name, minimum in (("n_iterations", 2), ("burn_in", 0), ("thin", 1), ("n_chains", 1)):
+        value = getattr(model, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(f"Expected {name} to be an integer >= {minimum}. Got {value!r}.")
+    if len(kept_iterations(model.n_iterations, model.burn_in, model.thin)) == 0:
+        raise ValueError(f"No MCMC sample would be kept: iteration i is kept when burn_in < i < n_iterations and i "
+                         f"% thin == 0. Got n_iterations={model.n_iterations}, burn_in={model.burn_in}, "
+                         f"thin={model.thin}.")
+    if not (isinstance(model.step_size, (int, float)) and math.isfinite(model.step_size) and model.step_size > 0):
+        raise ValueError(f"Expected step_size to be a finite number > 0. Got {model.step_size!r}.")
+    if model.tune not in TUNE_MODES:
+        raise ValueError(f"Expected tune to be one of {TUNE_MODES}. Got {model.tune!r}.")
+    if not isinstance(model.jacobian, bool):
+        raise ValueError(f"Expected jacobian to be True or False. Got {model.jacobian!r}.")
+    for name in ("weight_prior_variance", "noise_prior_variance"):
+        value = getattr(model, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"Expected {name} (of a log-normal prior) to be a finite number > 0. Got {value!r}.")

@@ -1,0 +1,616 @@
+"""GP-GRIEF against dense references: the verification list of shared/specs/grief.md §9 (checks numbered there),
+the eigendecomposition's gradient, and the model's plumbing (options, chunking, training, estimator)."""
+import math
+from functools import reduce
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import MultivariateNormal
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import gpscale
+from gpscale import GPRegressor
+from gpscale.kernels import inverse_softplus
+from gpscale.kernels.grid import (
+    cross_factors,
+    factor_eigh,
+    grid_factors,
+    grid_points,
+    grief_features,
+    se_factor,
+    top_eigenvalues,
+)
+from gpscale.models import _linear, get_model_class
+from gpscale.models.exact import ExactGP
+from gpscale.models.grief import (
+    GRIEF,
+    orthogonal_log_likelihood,
+    orthogonal_predict,
+    orthogonalise,
+    paper_n_eigen,
+    reweighted_log_likelihood,
+    reweighted_predict,
+)
+from gpscale.train import fit
+
+F64 = torch.float64
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# --- dense references ---------------------------------------------------------------------------------------------
+def se_ard(X1, X2, lengthscale, outputscale=1.0):
+    """Dense SE-ARD k(X1, X2) [n1, n2], written independently of the grid code."""
+    diff = (X1[:, None, :] - X2[None, :, :]) / torch.as_tensor(lengthscale, dtype=F64)
+    return outputscale * torch.exp(-0.5 * (diff**2).sum(-1))
+
+
+def kron(mats):
+    return reduce(torch.kron, mats)
+
+
+def flat_index(idxs, sizes):
+    """C-order flat index g_k = sum_i idxs[k, i] prod_{j>i} mbar_j (spec §3.6)."""
+    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    return (idxs * torch.tensor(strides)).sum(-1)
+
+
+def setting(sizes=(4, 5, 3), lengthscale=(0.7, 1.3, 0.5), n=30, outputscale=1.0, seed=0, jitter=1e-12):
+    """Grids on [-1, 1], inputs X [n, d] inside, and the factors of the grid algebra."""
+    g = torch.Generator().manual_seed(seed)
+    xg = [torch.linspace(-1, 1, s, dtype=F64) for s in sizes]
+    X = torch.rand(n, len(sizes), generator=g, dtype=F64) * 2 - 1
+    ls, sf2 = torch.tensor(lengthscale, dtype=F64), torch.tensor(outputscale, dtype=F64)
+    Ks = grid_factors(xg, ls, sf2, jitter)
+    eigen = [factor_eigh(K) for K in Ks]
+    return dict(xg=xg, X=X, ls=ls, sf2=sf2, Ks=Ks, lams=[e[0] for e in eigen], Qs=[e[1] for e in eigen],
+                Kxu=cross_factors(X, xg, ls, sf2), U=torch.cartesian_prod(*xg).reshape(-1, len(sizes)))
+
+
+def features_of(s, p):
+    logl, idxs = top_eigenvalues(s["lams"], p)
+    return grief_features(s["Kxu"], s["Qs"], idxs, logl), logl, idxs
+
+
+def dense_log_evidence(K, y, noise):
+    return MultivariateNormal(torch.zeros_like(y), K + noise * torch.eye(len(y), dtype=F64)).log_prob(y)
+
+
+def dense_predictive(K, Ks, kss, y, noise):
+    """Eq. 2: mean Ks^T (K + s I)^-1 y and variance kss - diag(Ks^T (K + s I)^-1 Ks), K [n, n], Ks [n, c]."""
+    Sigma = K + noise * torch.eye(len(y), dtype=F64)
+    return Ks.T @ torch.linalg.solve(Sigma, y), kss - (Ks * torch.linalg.solve(Sigma, Ks)).sum(0)
+
+
+def random_problem(n, p, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Phi = torch.randn(n, p, generator=g, dtype=F64) / math.sqrt(p)
+    y = 0.5 + torch.randn(n, generator=g, dtype=F64)  # a non-zero mean
+    return Phi, y, g
+
+
+def statistics(Phi, y, chunk_size=7):
+    return _linear.accumulate(lambda P: P, Phi, y, chunk_size=chunk_size)
+
+
+# --- 1, 2, 3. Algorithm 1 -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [1, 7, 12, 60, 100])
+def test_1_algorithm1_equals_brute_force(p):
+    s = setting()
+    logl, idxs = top_eigenvalues(s["lams"], p)
+    assert logl.shape == (min(p, 60),) and idxs.shape == (min(p, 60), 3)  # p capped at m = 60
+    brute = torch.sort(kron(s["lams"]), descending=True).values[:p]
+    torch.testing.assert_close(logl.exp(), brute, rtol=1e-12, atol=0)
+    dense = torch.sort(torch.linalg.eigvalsh(kron(s["Ks"])), descending=True).values[:p]
+    torch.testing.assert_close(logl.exp(), dense, rtol=1e-9, atol=1e-14)
+    assert (logl[1:] <= logl[:-1]).all()
+
+
+def test_2_indices_are_consistent_with_the_kronecker_order():
+    s = setting()
+    logl, idxs = top_eigenvalues(s["lams"], 25)
+    per_dimension = torch.stack([lam[idxs[:, i]] for i, lam in enumerate(s["lams"])]).prod(0)
+    torch.testing.assert_close(per_dimension, logl.exp(), rtol=1e-12, atol=0)
+    g = flat_index(idxs, (4, 5, 3))
+    torch.testing.assert_close(kron(s["lams"])[g], logl.exp(), rtol=1e-12, atol=0)
+    assert len(set(g.tolist())) == 25  # distinct eigenpairs
+
+
+def test_3_ties_from_an_isotropic_kernel_on_identical_grids():
+    s = setting(sizes=(5, 5), lengthscale=(0.8, 0.8))
+    full = kron(s["lams"])
+    brute = torch.sort(full, descending=True).values
+    p = next(k for k in range(1, 25) if brute[k - 1] == brute[k])  # a tie straddles position p
+    logl, idxs = top_eigenvalues(s["lams"], p)
+    torch.testing.assert_close(logl.exp(), brute[:p], rtol=1e-12, atol=0)
+    chosen = set(flat_index(idxs, (5, 5)).tolist())
+    must = set(torch.nonzero(full > brute[p - 1] * (1 + 1e-12)).flatten().tolist())  # strictly above the tie
+    assert must <= chosen
+    tied = {g for g in chosen - must if abs(full[g] - brute[p - 1]) <= 1e-12 * brute[p - 1]}
+    assert chosen - must == tied  # the rest are tied values only
+    # the stable sort is reproducible: the lower flat index wins the tie
+    again = top_eigenvalues([lam.clone() for lam in s["lams"]], p)[1]
+    assert torch.equal(idxs, again)
+
+
+# --- 4, 5, 6, 7, 8. Theorem 2 and the Nyström kernel -------------------------------------------------------------------
+def test_4_theorem2_hadamard_form_equals_the_explicit_product():
+    s = setting()
+    logl, idxs = top_eigenvalues(s["lams"], 40)
+    Kxu_full = reduce(lambda A, B: (A[:, :, None] * B[:, None, :]).reshape(A.shape[0], -1), s["Kxu"])  # [n, m]
+    torch.testing.assert_close(Kxu_full, se_ard(s["X"], s["U"], s["ls"]), rtol=1e-12, atol=1e-14)  # C order
+    explicit = Kxu_full @ kron(s["Qs"])[:, flat_index(idxs, (4, 5, 3))]
+    hadamard = grief_features(s["Kxu"], s["Qs"], idxs, torch.zeros_like(logl))  # Lambda^0: K_XU Q S_p^T itself
+    torch.testing.assert_close(hadamard, explicit, rtol=1e-10, atol=1e-12)
+
+
+def test_5_log_domain_features_equal_the_direct_quotient_and_zeros_are_exact():
+    s = setting()
+    Phi, logl, idxs = features_of(s, 40)
+    B = [K @ Q[:, idxs[:, i]] for i, (K, Q) in enumerate(zip(s["Kxu"], s["Qs"]))]
+    direct = reduce(torch.mul, B) / logl.exp().sqrt()
+    torch.testing.assert_close(Phi, direct, rtol=1e-10, atol=1e-13)
+    Kxu = [K.clone().requires_grad_(True) for K in s["Kxu"]]
+    Kxu[1].data[3] = 0.0  # row 3 of B^(2) is exactly 0
+    Phi0 = grief_features(Kxu, s["Qs"], idxs, logl)
+    assert (Phi0[3] == 0).all() and torch.isfinite(Phi0).all()
+    torch.testing.assert_close(Phi0[torch.arange(30) != 3], Phi[torch.arange(30) != 3], rtol=1e-12, atol=0)
+    Phi0.sum().backward()
+    assert all(torch.isfinite(K.grad).all() for K in Kxu)
+
+
+def test_6_p_equal_to_m_gives_subset_of_regressors():
+    s = setting(outputscale=1.7)
+    Phi, _, _ = features_of(s, 60)
+    Kxu = se_ard(s["X"], s["U"], s["ls"], 1.7)
+    eye = [1e-12 * torch.eye(len(x), dtype=F64) for x in s["xg"]]  # the same jitter, on each factor
+    Kuu = kron([c * se_factor(x, x, l) + e for c, x, l, e in zip((1.7, 1, 1), s["xg"], s["ls"], eye)])
+    sor = Kxu @ torch.linalg.solve(Kuu, Kxu.T)
+    torch.testing.assert_close(Phi @ Phi.T, sor, rtol=0, atol=1e-10)
+
+
+def test_7_inducing_points_containing_x_reproduce_k():
+    nodes = torch.cartesian_prod(torch.linspace(-1, 1, 5, dtype=F64), torch.tensor([-1.0, -0.2, 0.5, 1.0], dtype=F64))
+    X = torch.cat([nodes, nodes[:6]])  # every grid node, some twice
+    xg = grid_points(X, grid_size=10)
+    assert [len(x) for x in xg] == [5, 4]
+    ls, sf2 = torch.tensor([0.6, 0.9], dtype=F64), torch.tensor(1.3, dtype=F64)
+    lams, Qs = zip(*[factor_eigh(K) for K in grid_factors(xg, ls, sf2)])
+    logl, idxs = top_eigenvalues(list(lams), 20)
+    Phi = grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl)
+    torch.testing.assert_close(Phi @ Phi.T, se_ard(X, X, ls, 1.3), rtol=0, atol=1e-8)
+
+
+def test_8_nystrom_kernel_is_dominated_by_k_and_improves_with_p():
+    s = setting(sizes=(6, 6), lengthscale=(0.8, 0.6), n=40, outputscale=1.5)
+    K = se_ard(s["X"], s["X"], s["ls"], 1.5)
+    errors = []
+    for p in range(1, 37):
+        Phi, _, _ = features_of(s, p)
+        Q = Phi @ Phi.T
+        assert (Q.diagonal() >= 0).all() and (Q.diagonal() <= 1.5 + 1e-10).all()
+        assert torch.linalg.eigvalsh(K - Q).min() >= -1e-8
+        errors.append(torch.linalg.norm(K - Q).item())
+    assert all(b <= a + 1e-10 for a, b in zip(errors, errors[1:]))
+    assert errors[-1] < 1e-2 * errors[0]
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_8_finer_grids_approximate_k_better_at_interior_points(d):
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(30, d, generator=g, dtype=F64) * 1.6 - 0.8
+    ls, sf2 = torch.full((d,), 0.5, dtype=F64), torch.tensor(1.0, dtype=F64)
+    K = se_ard(X, X, ls)
+    errors = []
+    for mbar in (3, 5, 9):  # nested grids on [-1, 1], p = m
+        xg = [torch.linspace(-1, 1, mbar, dtype=F64)] * d
+        lams, Qs = zip(*[factor_eigh(Kg) for Kg in grid_factors(xg, ls, sf2)])
+        logl, idxs = top_eigenvalues(list(lams), mbar**d)
+        Phi = grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl)
+        errors.append(torch.linalg.norm(K - Phi @ Phi.T).item())
+    assert errors[0] > 3 * errors[1] > 9 * errors[2]
+
+
+# --- 9, 18. high dimensions, nothing of size m ---------------------------------------------------------------------
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an operation returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.numel = max([self.numel, *sizes])
+        return out
+
+
+def grief_pipeline(X, grid_size, p, lengthscale):
+    xg = grid_points(X, grid_size)
+    ls, sf2 = torch.full((X.shape[1],), lengthscale, dtype=F64), torch.tensor(1.0, dtype=F64)
+    lams, Qs = zip(*[factor_eigh(K) for K in grid_factors(xg, ls, sf2)])
+    logl, idxs = top_eigenvalues(list(lams), p)
+    return grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl), lams, logl, idxs
+
+
+def test_18_algorithm1_and_the_features_never_allocate_anything_of_size_m():
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(20, 6, generator=g, dtype=F64) * 2 - 1  # m = 10^6
+    with LargestTensor() as probe:
+        Phi, _, _, idxs = grief_pipeline(X, 10, 50, 1.0)
+    assert probe.numel <= max(10 * 50, 20 * 50)  # mbar p (Algorithm 1's candidates), n p (Phi); m = 10^6
+    assert Phi.shape == (20, 50) and idxs.shape == (50, 6)
+    lams = [factor_eigh(K)[0] for K in grid_factors(grid_points(X, 10), torch.ones(6, dtype=F64),
+                                                     torch.tensor(1.0, dtype=F64))]
+    with LargestTensor() as probe:  # d = 30: m = 10^30, the cost of Algorithm 1 stays O(d mbar p)
+        _, idxs = top_eigenvalues(lams * 5, 50)
+    assert probe.numel <= max(10 * 50, 50 * 30) and idxs.shape == (50, 30)  # mbar p candidates, the p x d idxs
+
+
+@pytest.mark.parametrize("d, grid_size, n, lengthscale", [(33, 10, 200, 2.0), (100, 100, 50, 3.0)])
+def test_9_high_dimensional_features_are_finite_and_bounded(d, grid_size, n, lengthscale):
+    g = torch.Generator().manual_seed(5)
+    X = (torch.rand(n, d, generator=g, dtype=F64) * 2 - 1) * math.sqrt(3)  # m = 10^33, 10^200
+    Phi, _, _, idxs = grief_pipeline(X, grid_size, 1000, lengthscale)
+    assert Phi.shape == (n, 1000) and idxs.shape == (1000, d)
+    assert torch.isfinite(Phi).all()
+    k = (Phi**2).sum(-1)
+    assert (k > 0).all() and (k <= 1 + 1e-10).all()
+
+
+def test_9_the_naive_product_overflows_where_the_log_domain_does_not():
+    g = torch.Generator().manual_seed(6)
+    X = (torch.rand(150, 200, generator=g, dtype=F64) * 2 - 1) * math.sqrt(3)  # > 100 distinct values per column
+    Phi, lams, logl, idxs = grief_pipeline(X, 100, 50, 3.0)
+    naive_lambda = torch.stack([lam[idxs[:, i]] for i, lam in enumerate(lams)]).prod(0)
+    assert torch.isinf(naive_lambda).all() and logl.max() > 709  # e^709 is the float64 limit
+    assert torch.isfinite(Phi).all() and ((Phi**2).sum(-1) > 0).all() and ((Phi**2).sum(-1) <= 1 + 1e-10).all()
+
+
+# --- 10, 11. eq. 18 and its gradients -----------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [10, 40])
+def test_10_reweighted_evidence_equals_dense(p):
+    Phi, y, g = random_problem(30, p)
+    w = 0.2 + 2 * torch.rand(p, generator=g, dtype=F64)
+    for noise in (1e-3, 0.3):
+        noise = torch.tensor(noise, dtype=F64)
+        expected = dense_log_evidence(Phi @ torch.diag(w) @ Phi.T, y, noise)
+        got = reweighted_log_likelihood(w, noise, statistics(Phi, y))
+        torch.testing.assert_close(got, expected, rtol=1e-9, atol=0)
+
+
+def spec_gradients(w, noise, Phi, y):
+    """dLML/dw and dLML/dsigma^2 by the closed forms of spec §3.8 (Appendix A, re-derived)."""
+    A, r, yy, n = Phi.T @ Phi, Phi.T @ y, y @ y, len(y)
+    P = noise * torch.diag(1 / w) + A
+    Pr, PA = torch.linalg.solve(P, r), torch.linalg.solve(P, A)
+    dw = (r - A @ Pr) ** 2 / (2 * noise**2) - (A.diagonal() - (A * PA).sum(0)) / (2 * noise)
+    dnoise = (yy - 2 * r @ Pr + Pr @ A @ Pr) / (2 * noise**2) - (n - torch.trace(PA)) / (2 * noise)
+    return dw, dnoise
+
+
+@pytest.mark.parametrize("p", [10, 40])
+def test_11_gradients_equal_the_closed_form_and_finite_differences(p):
+    Phi, y, g = random_problem(30, p, seed=1)
+    stats = statistics(Phi, y)
+    w = (0.2 + 2 * torch.rand(p, generator=g, dtype=F64)).requires_grad_(True)
+    noise = torch.tensor(0.2, dtype=F64, requires_grad=True)
+    dw, dnoise = torch.autograd.grad(reweighted_log_likelihood(w, noise, stats), (w, noise))
+    closed_w, closed_noise = spec_gradients(w.detach(), noise.detach(), Phi, y)
+    torch.testing.assert_close(dw, closed_w, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(dnoise, closed_noise, rtol=1e-8, atol=0)
+    h = 1e-6
+    with torch.no_grad():
+        for j in (0, p // 2, p - 1):
+            e = torch.zeros(p, dtype=F64)
+            e[j] = h
+            fd = (reweighted_log_likelihood(w + e, noise, stats) - reweighted_log_likelihood(w - e, noise, stats)) / (2 * h)
+            assert fd.item() == pytest.approx(dw[j].item(), rel=1e-5, abs=1e-8)
+        fd = (reweighted_log_likelihood(w, noise + h, stats) - reweighted_log_likelihood(w, noise - h, stats)) / (2 * h)
+        assert fd.item() == pytest.approx(dnoise.item(), rel=1e-5)
+    # in the sampler's unconstrained space theta = (log w, log sigma^2): the chain rule gives w * dLML/dw
+    theta = torch.cat([w.detach().log(), noise.detach().log().reshape(1)]).requires_grad_(True)
+    (dtheta,) = torch.autograd.grad(reweighted_log_likelihood(theta[:-1].exp(), theta[-1].exp(), stats), theta)
+    torch.testing.assert_close(dtheta, torch.cat([w.detach() * closed_w, (noise.detach() * closed_noise).reshape(1)]),
+                               rtol=1e-8, atol=1e-10)
+    with torch.no_grad():
+        e = torch.zeros(p + 1, dtype=F64)
+        e[-1] = h
+        lml = [reweighted_log_likelihood(t[:-1].exp(), t[-1].exp(), stats) for t in (theta + e, theta - e)]
+        assert ((lml[0] - lml[1]) / (2 * h)).item() == pytest.approx(dtheta[-1].item(), rel=1e-5)
+
+
+# --- 12, 13. the orthogonalised form and predictions ---------------------------------------------------------------
+@pytest.mark.parametrize("p", [10, 40])
+def test_12_orthogonal_form_equals_dense_and_reproduces_eq18(p):
+    Phi, y, g = random_problem(30, p, seed=2)
+    basis = orthogonalise(statistics(Phi, y))
+    q = min(30, p)
+    assert basis.r.shape == (q,)  # p~ = rank, not p (pitfall 6)
+    U = basis.transform(Phi)
+    torch.testing.assert_close(U.T @ U, torch.eye(q, dtype=F64), rtol=0, atol=1e-9)  # Phi~ = U_s on the training set
+    w = (0.1 + torch.rand(q, generator=g, dtype=F64)).requires_grad_(True)
+    noise = torch.tensor(0.1, dtype=F64, requires_grad=True)
+    lml = orthogonal_log_likelihood(w, noise, basis)
+    dense = dense_log_evidence(U @ torch.diag(w) @ U.T, y, noise)
+    torch.testing.assert_close(lml, dense, rtol=1e-9, atol=0)
+    grads, dense_grads = torch.autograd.grad(lml, (w, noise)), torch.autograd.grad(dense, (w, noise))
+    for a, b in zip(grads, dense_grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    # spec §3.9's closed forms
+    r2, total, s2 = basis.r**2, w.detach() + 0.1, torch.tensor(0.1, dtype=F64)
+    torch.testing.assert_close(grads[0], 0.5 * r2 / total**2 - 0.5 / total, rtol=1e-10, atol=1e-12)
+    closed_noise = (0.5 * (y @ y - r2.sum()) / s2**2 + 0.5 * (r2 / total**2).sum()
+                    - 0.5 * ((30 - q) / s2 + (1 / total).sum()))
+    torch.testing.assert_close(grads[1], closed_noise, rtol=1e-8, atol=0)
+    # w~ = s^2 is the Nyström model with w = 1; w~ = 1 is not (pitfall 10)
+    for noise in (1e-2, 0.5):
+        noise = torch.tensor(noise, dtype=F64)
+        eq18 = reweighted_log_likelihood(torch.ones(p, dtype=F64), noise, statistics(Phi, y))
+        torch.testing.assert_close(orthogonal_log_likelihood(basis.s**2, noise, basis), eq18, rtol=1e-9, atol=0)
+        assert abs(orthogonal_log_likelihood(torch.ones(q, dtype=F64), noise, basis) - eq18) > 1e-3
+
+
+@pytest.mark.parametrize("p", [10, 40])
+def test_13_predictions_equal_the_dense_gp(p):
+    Phi_all, y_all, g = random_problem(38, p, seed=3)
+    Phi, Phi_s, y = Phi_all[:30], Phi_all[30:], y_all[:30]
+    stats, noise = statistics(Phi, y), torch.tensor(0.05, dtype=F64)
+    w = 0.2 + 2 * torch.rand(p, generator=g, dtype=F64)
+    mean, var = reweighted_predict(Phi_s, w, noise, stats)
+    W = torch.diag(w)
+    dense = dense_predictive(Phi @ W @ Phi.T, Phi @ W @ Phi_s.T, (Phi_s @ W * Phi_s).sum(-1), y, noise)
+    torch.testing.assert_close(mean, dense[0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(var, dense[1], rtol=0, atol=1e-10)
+    assert (var >= 0).all()
+    # the orthogonal form, with test features transformed by V / s
+    basis = orthogonalise(stats)
+    w_t = 0.1 + torch.rand(basis.r.shape[0], generator=g, dtype=F64)
+    U, U_s, W_t = basis.transform(Phi), basis.transform(Phi_s), torch.diag(w_t)
+    mean_t, var_t = orthogonal_predict(Phi_s, w_t, noise, basis)
+    dense_t = dense_predictive(U @ W_t @ U.T, U @ W_t @ U_s.T, (U_s @ W_t * U_s).sum(-1), y, noise)
+    torch.testing.assert_close(mean_t, dense_t[0], rtol=0, atol=1e-9)
+    torch.testing.assert_close(var_t, dense_t[1], rtol=0, atol=1e-9)
+    # w~ = s^2 predicts as w = 1, except that for p > n the orthogonal basis has no prior variance in the p - n
+    # directions of phi* that no training row spans (the orthogonal form is a different model, spec §3.9)
+    mean_1, var_1 = reweighted_predict(Phi_s, torch.ones(p, dtype=F64), noise, stats)
+    mean_s, var_s = orthogonal_predict(Phi_s, basis.s**2, noise, basis)
+    unseen = ((Phi_s - Phi_s @ basis.V @ basis.V.T) ** 2).sum(-1)
+    assert (unseen < 1e-20).all() if p <= 30 else (unseen > 1e-3).all()
+    torch.testing.assert_close(mean_s, mean_1, rtol=0, atol=1e-9)
+    torch.testing.assert_close(var_s + unseen, var_1, rtol=0, atol=1e-9)
+
+
+# --- 14. GP-GRIEF-II ----------------------------------------------------------------------------------------------
+def grief_model(X, y, lengthscale=(0.7, 0.45), outputscale=1.3, noise=0.05, **options):
+    options = {"n_eigen": 12, "grid_size": 6, "init_exact_points": 0, **options}
+    model = GRIEF(X.shape[1], outputscale=outputscale, noise=noise, **options).double()
+    with torch.no_grad():
+        model.kernel.raw_lengthscale.copy_(inverse_softplus(torch.tensor(lengthscale, dtype=F64)))
+    model.init(X, y)
+    return model
+
+
+def toy(n=40, d=2, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=F64) * 2 - 1
+    return X, torch.sin(3 * X[:, 0]) * torch.cos(2 * X[:, -1]) + 0.3 + 0.1 * torch.randn(n, generator=g, dtype=F64)
+
+
+def test_14_type2_evidence_equals_the_dense_evidence_of_the_nystrom_kernel():
+    X, y = toy()
+    model = grief_model(X, y)
+    with torch.no_grad():
+        Phi = model.features(X)
+        assert Phi.shape == (40, 12)
+        expected = dense_log_evidence(Phi @ Phi.T, y, model.noise)
+        torch.testing.assert_close(model.log_marginal_likelihood(X, y), expected, rtol=1e-10, atol=0)
+    # with p = m the model's features give SoR of its SE-ARD kernel on its grid: the hyperparameters are wired
+    full = grief_model(X, y, n_eigen=36)
+    with torch.no_grad():
+        Phi = full.features(X)
+        U = torch.cartesian_prod(*full.grids())
+        Kxu = se_ard(X, U, (0.7, 0.45), 1.3)
+        sor = Kxu @ torch.linalg.solve(kron(grid_factors(full.grids(), *full.hyperparameters())), Kxu.T)
+        # K_UU has condition number ~1e9 here: the dense solve, not the features, limits the agreement
+        torch.testing.assert_close(Phi @ Phi.T, sor, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("lengthscale, n_eigen", [((0.7, 0.45), 12), ((3.0, 2.0), 36)])
+def test_14_autograd_gradient_equals_central_differences_within_one_selection(lengthscale, n_eigen):
+    """The second case selects every eigenpair, down to 1-D eigenvalues at the 1e-12 jitter floor."""
+    X, y = toy()
+    model = grief_model(X, y, lengthscale=lengthscale, n_eigen=n_eigen)
+    params = [model.kernel.raw_lengthscale, model.kernel.raw_outputscale, model.likelihood.raw_noise]
+    grads = torch.autograd.grad(model.log_marginal_likelihood(X, y), params)
+    h = 1e-5
+    with torch.no_grad():
+        for param, grad in zip(params, grads):
+            for j in range(param.numel()):
+                values = {}
+                for sign in (1, -1):
+                    param.view(-1)[j] += sign * h
+                    values[sign] = (model.log_marginal_likelihood(X, y).item(), model.spectrum().idxs)
+                    param.view(-1)[j] -= sign * h
+                centre = model.log_marginal_likelihood(X, y).item()
+                assert torch.equal(values[1][1], values[-1][1])  # the selected set is the same at theta +- h
+                forward, backward = (values[1][0] - centre) / h, (centre - values[-1][0]) / h
+                assert forward == pytest.approx(backward, rel=1e-3, abs=1e-4)  # smooth here: FD is symmetric
+                central = (values[1][0] - values[-1][0]) / (2 * h)
+                assert grad.view(-1)[j].item() == pytest.approx(central, rel=1e-6, abs=1e-7)
+    assert grads[0].abs().min() > 1e-3  # the lengthscale gradients are not trivially zero
+
+
+def test_eigh_gradient_is_torchs_when_separated_and_finite_when_degenerate():
+    g = torch.Generator().manual_seed(8)
+    M = torch.randn(5, 5, generator=g, dtype=F64)
+    v = torch.randn(5, generator=g, dtype=F64)
+
+    def loss(eigen):  # invariant to the signs of the eigenvectors
+        lam, Q = eigen
+        return (lam * (Q.T @ v) ** 2).sum() + lam[-1] ** 2
+
+    K = (M @ M.T).requires_grad_(True)
+    ours = torch.autograd.grad(loss(factor_eigh(K)), K)[0]
+    torch.testing.assert_close(ours, torch.autograd.grad(loss(torch.linalg.eigh(K)), K)[0], rtol=1e-9, atol=1e-12)
+
+    # a degenerate pair below a separated top eigenpair: torch's gradient is NaN, ours is the derivative
+    S = M + M.T
+
+    def top(t, eigh):
+        lam, Q = eigh(torch.diag(torch.tensor([1.0, 1.0, 1.0, 0.5, 3.0], dtype=F64)) + t * S)
+        return lam[-1] + (Q[:, -1] @ v) ** 2
+
+    t = torch.tensor(0.0, dtype=F64, requires_grad=True)
+    assert torch.isnan(torch.autograd.grad(top(t, torch.linalg.eigh), t)[0])
+    (dt,) = torch.autograd.grad(top(t, factor_eigh), t)
+    h = 1e-6
+    with torch.no_grad():
+        fd = (top(t + h, factor_eigh) - top(t - h, factor_eigh)) / (2 * h)
+    assert dt.item() == pytest.approx(fd.item(), rel=1e-6)
+
+
+def test_eigenvalues_are_clipped_positive():
+    lam, Q = factor_eigh(torch.ones(4, 4, dtype=F64))  # eigenvalues 4, 0, 0, 0 up to round-off
+    assert (lam > 0).all() and lam.max().item() == pytest.approx(4.0)
+    torch.testing.assert_close(Q.T @ Q, torch.eye(4, dtype=F64), rtol=0, atol=1e-12)
+
+
+def test_13_model_predictions_equal_the_dense_gp_and_need_no_training_data():
+    X, y = toy(50)
+    model = grief_model(X[:40], y[:40])
+    model.fit_posterior(X[:40], y[:40])
+    mean, var = model.predict(X[40:])
+    with torch.no_grad():
+        Phi, Phi_s = model.features(X[:40]), model.features(X[40:])
+        dense = dense_predictive(Phi @ Phi.T, Phi @ Phi_s.T, (Phi_s**2).sum(-1), y[:40], model.noise)
+    torch.testing.assert_close(mean, dense[0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(var, dense[1], rtol=0, atol=1e-10)
+    fresh = GRIEF(2, n_eigen=12, grid_size=6, init_exact_points=0).double()
+    fresh.load_state_dict(model.state_dict())  # grid, hyperparameters and the posterior cache
+    for a, b in zip(fresh.predict(X[40:]), (mean, var)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_chunked_evidence_gradient_and_predictions_equal_one_shot():
+    X, y = toy(45)
+    one_shot, chunked = grief_model(X, y, chunk_size=1000), grief_model(X, y, chunk_size=7)
+    values = []
+    for model in (one_shot, chunked):
+        lml = model.log_marginal_likelihood(X, y)
+        values.append((lml.detach(), torch.autograd.grad(lml, model.kernel.raw_lengthscale)[0]))
+        model.fit_posterior(X[:30], y[:30])
+    for a, b in zip(*values):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(one_shot.predict(X[30:]), chunked.predict(X[30:])):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # the streamed statistics are the ones of the held features
+    stats = chunked.statistics(X, y)
+    with torch.no_grad():
+        Phi = one_shot.features(X)
+    torch.testing.assert_close(stats.A, Phi.T @ Phi, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(stats.b, Phi.T @ y, rtol=1e-12, atol=1e-12)
+
+
+# --- 17. the grid -------------------------------------------------------------------------------------------------
+def test_17_grid_sizes_endpoints_and_unique_value_columns():
+    g = torch.Generator().manual_seed(9)
+    X = torch.stack([torch.rand(100, generator=g, dtype=F64) * 3 - 1,  # continuous
+                     torch.randint(0, 2, (100,), generator=g).to(F64),  # binary
+                     torch.randint(0, 7, (100,), generator=g).to(F64) / 2,  # 7 levels
+                     torch.full((100,), 0.25, dtype=F64),  # constant
+                     (torch.arange(100) % 10).to(F64) ** 2], dim=1)  # exactly 10 uneven levels
+    xg = grid_points(X, grid_size=10)
+    assert [len(x) for x in xg] == [10, 2, 7, 1, 10]
+    assert xg[0][0] == X[:, 0].min() and xg[0][-1] == X[:, 0].max()
+    torch.testing.assert_close(xg[0], torch.linspace(X[:, 0].min().item(), X[:, 0].max().item(), 10, dtype=F64))
+    assert xg[1].tolist() == [0.0, 1.0] and xg[2].tolist() == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert xg[3].tolist() == [0.25] and xg[4].tolist() == [float(k * k) for k in range(10)]
+    assert [len(x) for x in grid_points(X, grid_size=5)] == [5, 2, 5, 1, 5]
+
+
+def test_17_the_model_builds_its_grid_from_the_training_inputs_only():
+    X, y = toy(60)
+    model = grief_model(X[:40], y[:40], grid_size=5)
+    for i, x in enumerate(model.grids()):
+        torch.testing.assert_close(x, torch.linspace(X[:40, i].min().item(), X[:40, i].max().item(), 5, dtype=F64))
+    model.fit_posterior(X[:40], y[:40])
+    before = model.grid.clone()
+    model.predict(X[40:] * 3)  # test inputs far outside never move it
+    assert torch.equal(model.grid, before)
+
+
+def test_se_factor_is_the_one_dimensional_se_kernel():
+    a, b = torch.tensor([0.0, 1.0], dtype=F64), torch.tensor([0.5, 2.0, -1.0], dtype=F64)
+    torch.testing.assert_close(se_factor(a, b, torch.tensor(0.7, dtype=F64)), se_ard(a[:, None], b[:, None], [0.7]))
+
+
+# --- the model: defaults, options, training, estimator ---------------------------------------------------------------
+def test_defaults_follow_the_paper():
+    model = GRIEF(3)
+    assert model.grid_size == 10 and model.init_exact_points == 1000 and model.n_eigen is None
+    assert model.jitter == 1e-12 and GRIEF.full_batch and get_model_class("grief") is GRIEF
+    assert [paper_n_eigen(n) for n in (5, 23, 100, 999, 1000, 1030, 40000, 2049280)] == [
+        1, 10, 100, 100, 1000, 1000, 1000, 1000]
+    X, y = toy(230, 3)
+    model.init_exact_points = 0
+    model.init(X, y)
+    assert int(model.n_eigen_) == 100
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(n_eigen=0), "n_eigen to be a positive integer"),
+    (dict(n_eigen=2.5), "n_eigen to be a positive integer"),
+    (dict(grid_size=1), "grid_size"),
+    (dict(init_exact_points=-1), "init_exact_points to be a non-negative integer"),
+    (dict(init_iterations=0), "init_iterations to be a positive integer"),
+    (dict(jitter=-1.0), "jitter >= 0"),
+    (dict(kernel="matern32"), "use kernel='rbf'"),
+])
+def test_bad_options_get_a_clear_error(options, message):
+    with pytest.raises(ValueError, match=message):
+        GRIEF(2, **options)
+
+
+def test_an_uninitialised_model_says_what_to_do():
+    with pytest.raises(RuntimeError, match="no grid yet"):
+        GRIEF(2).loss(torch.zeros(3, 2, dtype=F64), torch.zeros(3, dtype=F64), num_data=3)
+
+
+def sine_problem(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=F64) * 6 - 3
+    f = torch.sin(X[:, 0]) * torch.sin(X[:, 1])
+    return X, f, f + 0.1 * torch.randn(n, generator=g, dtype=F64)
+
+
+def test_training_initialises_from_an_exact_gp_and_matches_its_accuracy():
+    X, _, y = sine_problem(200, 10)
+    X_test, f_test, _ = sine_problem(400, 11)
+    model = GRIEF(2, init_exact_points=150).double()  # the exact GP sees 150 of the 200 rows
+    result = fit(model, X, y, epochs=20, lr=0.01, progress=False)
+    assert int(model.n_eigen_) == 100 and model.noise.item() < 0.05  # ln 2 initially; the exact GP found ~0.01
+    assert result.history[-1]["loss"] <= result.history[0]["loss"] + 1e-9
+    exact = ExactGP(2).double()
+    fit(exact, X, y, epochs=150, lr=0.05, progress=False)
+    rmse = [((m.predict(X_test)[0] - f_test) ** 2).mean().sqrt().item() for m in (model, exact)]
+    assert rmse[0] < 1.2 * rmse[1] + 0.005 and rmse[0] < 0.06
+
+
+def test_regressor_fits_predicts_and_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (150, 3))
+    y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(150) + 3.0
+    reg = GPRegressor(method="grief", n_eigen=40, grid_size=6, init_exact_points=100, epochs=5,
+                      progress=False).fit(X[:120], y[:120])
+    mean, std = reg.predict(X[120:], return_std=True)
+    assert np.sqrt(np.mean((mean - y[120:]) ** 2)) < 0.3 and (std > 0).all()
+    path = tmp_path / "grief.gps"
+    reg.save(path)
+    loaded = gpscale.load(path)
+    assert loaded.model_.key == "grief" and loaded.model_.cache.keys() == reg.model_.cache.keys()
+    for a, b in zip((mean, std), loaded.predict(X[120:], return_std=True)):
+        np.testing.assert_array_equal(a, b)

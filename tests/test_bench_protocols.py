@@ -1,12 +1,15 @@
 """The registered benchmark protocols are well-formed: known methods, options their models accept, published
 numbers that refer to the protocol's own methods and datasets, and (with a data folder) datasets that load.
 Fast: nothing is trained."""
+import dataclasses
 import os
 
+import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, get_protocol
 from gpscale.bench.runner import TRAINING_OPTIONS
+from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
 
@@ -175,3 +178,101 @@ def test_dbk_table1_splits_have_the_papers_sizes(dataset):
     val_fraction = protocol.methods[0].options["val_fraction"]
     n_fit = ds.n_train - round(val_fraction * ds.n_train)  # as gpscale.train.fit splits
     assert n_fit == {"pol": 10_500, "protein": 32_011}.get(dataset, n_fit)
+
+
+# --- GP-GRIEF ------------------------------------------------------------------------------------------------------
+# Table 1 of Evans & Nair (2018) as (our file, the paper's n, d), transcribed here independently of the protocol.
+GRIEF_TABLE1_SIZES = {
+    "challenger": (23, 4), "fertility": (100, 9), "concreteslump": (103, 7), "autos": (159, 25), "servo": (167, 4),
+    "breastcancer": (194, 33), "machine": (209, 7), "yacht": (308, 6), "autompg": (392, 7), "housing": (506, 13),
+    "forest": (517, 12), "stock": (536, 11), "energy": (768, 8), "concrete": (1030, 8), "solar": (1066, 10),
+    "wine": (1599, 11), "skillcraft": (3338, 19), "pumadyn32nm": (8192, 32), "elevators": (16599, 18),
+    "kin40k": (40000, 8), "keggundirected": (63608, 27),
+}
+
+
+def test_grief_protocols_are_registered():
+    assert get_protocol("grief-table1").version == 1 and get_protocol("grief-scale").version == 1
+
+
+def test_grief_table1_layout():
+    protocol = get_protocol("grief-table1")
+    assert set(protocol.datasets) == set(GRIEF_TABLE1_SIZES) == set(protocol.requires_data)
+    assert protocol.splits == tuple(range(10)) and protocol.dtype == "float64"
+    for dataset, (n, _) in GRIEF_TABLE1_SIZES.items():  # all 10 folds below n = 2000, folds 0-2 above
+        assert protocol.datasets[dataset] == (None if n < 2000 else (0, 1, 2)), dataset
+    specs = {spec.name: spec for spec in protocol.methods}
+    assert set(specs) == {"grief", "grief-i", "grief-i-orth", "exact"}
+    assert specs["grief"].key == "grief" and specs["grief"].options["n_eigen"] is None  # the paper's rule for p
+    assert (specs["grief"].options["grid_size"], specs["grief"].options["epochs"]) == (10, 300)
+    for label, solver in (("grief-i", "reweighted"), ("grief-i-orth", "orthogonal")):
+        options = specs[label].options
+        assert specs[label].key == "grief-i" and options["solver"] == solver and options["n_eigen"] == 1000
+        assert (options["n_iterations"], options["burn_in"], options["thin"]) == (10_000, 1_000, 50)
+        assert options["tune"] == "always"  # as the official code: tuning only in burn-in leaves the chains stuck
+    # grief-i-orth first, so that grief-i (80 min a fold) reuses its cheap initialisation, not the other way round
+    assert [spec.name for spec in protocol.methods].index("grief-i-orth") < [s.name for s in protocol.methods].index(
+        "grief-i")
+    assert specs["exact"].max_n == 2000 and specs["exact"].options == {"epochs": 300, "lr": 0.1}
+    # the paper's RMSE in the units of y: II, I (for both solvers) everywhere, Yang's exact GP where n < 2000
+    for dataset, (n, _) in GRIEF_TABLE1_SIZES.items():
+        for label in ("grief", "grief-i", "grief-i-orth") + (("exact",) if n < 2000 else ()):
+            assert set(protocol.published[(label, dataset)]) == {"rmse_original", "rmse_original_std"}
+    assert len(protocol.published) == 3 * 21 + 16
+    assert protocol.published[("grief", "breastcancer")] == {"rmse_original": 27.843, "rmse_original_std": 3.91}
+    assert protocol.published[("grief-i", "keggundirected")]["rmse_original"] == 0.134
+    assert protocol.published[("grief-i-orth", "concreteslump")] == protocol.published[("grief-i", "concreteslump")]
+    assert protocol.published[("exact", "wine")] == {"rmse_original": 0.47, "rmse_original_std": 0.08}
+    assert ("exact", "skillcraft") not in protocol.published
+
+
+def test_grief_scale_layout():
+    protocol = get_protocol("grief-scale")
+    assert protocol.datasets == {"friedman1_d11": None}
+    assert protocol.dataset_options == {"friedman1_d11": {"n": 2_000_000}}
+    (spec,) = protocol.methods
+    assert (spec.key, spec.name, spec.options["solver"], spec.options["n_eigen"]) == (
+        "grief-i", "grief-i-orth", "orthogonal", 1000)
+    assert spec.options["chunk_size"] <= 8192  # the statistics pass holds chunk_size x p features at a time
+    ds = load_dataset("friedman1_d11", n=100)  # the generator exists and has the electric set's d
+    assert ds.d == 11
+
+
+@pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
+@pytest.mark.parametrize("dataset", sorted(GRIEF_TABLE1_SIZES))
+def test_grief_table1_files_have_the_papers_n_and_d(dataset):
+    ds = load_dataset(dataset, split=0, data_dir=DATA)
+    assert (ds.n_train + ds.n_test, ds.d) == GRIEF_TABLE1_SIZES[dataset]
+    assert ds.n_test == pytest.approx((ds.n_train + ds.n_test) / 10, abs=1)  # fixed 10-fold splits
+
+
+@pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
+@pytest.mark.filterwarnings("ignore::gpscale.models.grief_i.ConvergenceWarning")  # 60 iterations cannot converge
+def test_grief_table1_smoke_run_on_challenger(tmp_path):
+    """Every method of the protocol through the runner and the report on challenger fold 0, with iteration counts cut
+    down through the options."""
+    from gpscale.bench.protocols import MethodSpec, register_protocol
+    from gpscale.bench.report import write_report
+    from gpscale.bench.runner import run_protocol
+
+    protocol = get_protocol("grief-table1")
+    small = {"grief": dict(epochs=3), "grief-i-orth": dict(n_eigen=50, n_iterations=60, burn_in=10, thin=5),
+             "grief-i": dict(n_eigen=50, n_iterations=60, burn_in=10, thin=5), "exact": dict(epochs=5)}
+    methods = tuple(MethodSpec(s.key, {**s.options, **small[s.name]}, s.label, s.max_n) for s in protocol.methods)
+    smoke = dataclasses.replace(protocol, name="test-grief-smoke", methods=methods, datasets={"challenger": (0,)},
+                                requires_data=("challenger",))
+    register_protocol(smoke)
+    try:
+        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
+        runs = ResultsStore(path).runs(smoke.name)
+        report = write_report(path, tmp_path / "report", protocol=smoke.name).read_text(encoding="utf-8")
+    finally:
+        PROTOCOLS.pop(smoke.name)
+    assert {r["method"] for r in runs} == {"grief", "grief-i-orth", "grief-i", "exact"}
+    assert all(r["status"] == "ok" and r["n_train"] == 21 and np.isfinite(r["rmse_original"]) for r in runs), runs
+    by_method = {r["method"]: r for r in runs}
+    assert by_method["grief-i"]["reused_training_of"] == "grief-i-orth"  # the same initialisation
+    y_std = load_dataset("challenger", split=0, data_dir=DATA).y_std  # RMSE in the units of y, as Table 1
+    assert all(r["rmse_original"] == pytest.approx(r["rmse"] * y_std, rel=1e-12) for r in runs)
+    assert "RMSE (y units)" in report and "paper RMSE (y units)" in report
+    assert "0.554 ± 0.277" in report and "0.519 ± 0.261" in report and "0.63 ± 0.26" in report

@@ -218,3 +218,37 @@ def test_print_table(runs):
     ratio = (ok_values(runs, "pol", "sgpr", "seconds_per_epoch").mean()
              / ok_values(runs, "pol", "gpytorch-sgpr", "seconds_per_epoch").mean())
     assert float(sgpr.split()[-1].rstrip("×")) == pytest.approx(ratio, rel=5e-3)
+
+
+def test_papers_rmse_in_units_of_y_gets_our_rmse_original_beside_it(tmp_path):
+    """A published ``rmse_original`` (GP-GRIEF's Table 1 is in the units of y) adds our rmse_original and the
+    paper's as two columns; tables of other protocols keep their columns."""
+    name = "test-report-original"
+    published = {("sgpr", "pol"): {"rmse_original": 2.5, "rmse_original_std": 0.5}}
+    register_protocol(Protocol(name=name, version=1, description="RMSE in the units of y.",
+                               methods=(MethodSpec("sgpr"), MethodSpec("svgp")), datasets={"pol": None},
+                               published=published))
+    try:
+        rng = np.random.default_rng(2)
+        runs = [dict(record(m, "pol", split, rng), protocol=name, protocol_version=1,
+                     rmse_original=float(rng.uniform(1, 4))) for m in ("sgpr", "svgp") for split in (0, 1)]
+        path = tmp_path / "original.sqlite"
+        results = ResultsStore(path)
+        for run in runs:
+            results.append(run)
+        table = parse_tables(write_report(path, tmp_path / "out").read_text(encoding="utf-8"))["pol"]
+    finally:
+        PROTOCOLS.pop(name)
+    for method in ("sgpr", "svgp"):
+        values = np.array([r["rmse_original"] for r in runs if r["method"] == method])
+        mean, std, bold = parse_cell(table[method]["RMSE (y units)"])
+        assert mean == pytest.approx(values.mean(), rel=1e-3) and std == pytest.approx(values.std(ddof=1), rel=1e-3)
+        best = min(("sgpr", "svgp"), key=lambda m: np.mean([r["rmse_original"] for r in runs if r["method"] == m]))
+        assert bold == (method == best)
+    assert table["sgpr"]["paper RMSE (y units)"] == "2.5 ± 0.5" and table["svgp"]["paper RMSE (y units)"] == "–"
+    assert table["sgpr"]["paper RMSE"] == "–"  # the paper gives no RMSE on standardised y
+
+
+def test_tables_without_published_original_units_have_no_extra_columns(report):
+    header = re.search(r"^### pol\n\n(\|.*)\n", report.read_text(encoding="utf-8"), flags=re.M).group(1)
+    assert "RMSE (y units)" not in header and header.count("|") == 13

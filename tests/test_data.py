@@ -274,6 +274,20 @@ def test_friedman1_default_size_is_40000():
     assert ds.n_train + ds.n_test == 40000 and ds.d == 10
 
 
+def test_friedman1_d11_adds_one_irrelevant_input_and_keeps_friedman1():
+    X, y = data.make_friedman1(1000, 0, noise_std=0.0, d=11)
+    assert X.shape == (1000, 11) and X.min() >= 0 and X.max() <= 1
+    np.testing.assert_allclose(y, _friedman(X), rtol=1e-12)
+    X10, y10 = data.make_friedman1(1000, 0)  # the default is the classic d = 10 set, draws unchanged
+    assert X10.shape == (1000, 10) and np.isfinite(y10).all()
+    ds = load_dataset("friedman1_d11", n=500, seed=3)
+    again = load_dataset("friedman1_d11", n=500, seed=3)
+    assert (ds.n_train, ds.n_test, ds.d) == (450, 50, 11) and data.GENERATED["friedman1_d11"] == 11
+    np.testing.assert_array_equal(ds.X_train, again.X_train)
+    with pytest.raises(ValueError, match="d >= 5"):
+        data.make_friedman1(10, 0, d=4)
+
+
 def test_gp_sample_has_rbf_covariance_and_noise():
     products_0, products_03 = [], []  # f(x) f(x') at |x - x'| = 0 and about 0.3, pooled over draws
     for seed in range(200):

@@ -17,7 +17,7 @@ images/mnist5k.npz     images [n, 28, 28] uint8, labels [n]        seeded random
 
 Names: a UCI name (``pol``), a PMLB file name with or without its number (``564_fried`` or ``fried``),
 ``rmd17_aspirin`` or ``aspirin``, ``etopo`` / ``elevation``, ``mnist5k``, or ``<folder>/<file stem>`` for any
-file (``uci_pbp/boston``). ``friedman1`` and ``gp_sample`` are generated and need no data folder.
+file (``uci_pbp/boston``). ``friedman1``, ``friedman1_d11`` and ``gp_sample`` are generated and need no data folder.
 
 ``load_dataset(..., random_split=True)`` replaces a file's fixed splits by a seeded random one, and
 ``x_scaling='minmax'`` maps the inputs to [-1, 1] instead of z-scoring them (both for protocols of papers that
@@ -35,6 +35,7 @@ import urllib.request
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ UCI_N_SPLITS = 10
 MOLECULE_FEATURES = ("cartesian", "inverse_distances")
 X_SCALINGS = ("standard", "minmax", "none")
 KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
-GENERATED = {"friedman1": 10, "gp_sample": 2}  # name -> d
+GENERATED = {"friedman1": 10, "friedman1_d11": 11, "gp_sample": 2}  # name -> d
 DEFAULT_N_GENERATED = 40_000
 # Short names of single files; the first name of each file is the one listed.
 _ALIASES = {"etopo": "geo/etopo2022_healpix128", "elevation": "geo/etopo2022_healpix128", "mnist5k": "images/mnist5k"}
@@ -162,13 +163,16 @@ _data_dir = data_dir  # load_dataset and list_datasets take a keyword of the sam
 # ----------------------------------------------------------------------------------------------------- generated
 
 
-def make_friedman1(n: int, rng=None, noise_std: float = 1.0):
-    """Friedman #1: x ~ U[0, 1]^10, y = 10 sin(pi x1 x2) + 20 (x3 - 0.5)^2 + 10 x4 + 5 x5 + noise_std * eps.
+def make_friedman1(n: int, rng=None, noise_std: float = 1.0, d: int = 10):
+    """Friedman #1: x ~ U[0, 1]^d, y = 10 sin(pi x1 x2) + 20 (x3 - 0.5)^2 + 10 x4 + 5 x5 + noise_std * eps.
 
-    ``rng``: a numpy Generator or seed. Returns (X [n, 10], y [n]); x6..x10 are irrelevant inputs.
+    ``rng``: a numpy Generator or seed. Returns (X [n, d], y [n]); x6..xd are irrelevant inputs (d >= 5; the
+    classic set has d = 10, ``friedman1_d11`` has d = 11, the size of GP-GRIEF's electric set).
     """
+    if d < 5:
+        raise ValueError(f"Friedman #1 needs d >= 5 inputs, got d={d}.")
     rng = np.random.default_rng(rng)
-    X = rng.uniform(size=(n, 10))
+    X = rng.uniform(size=(n, d))
     f = 10 * np.sin(np.pi * X[:, 0] * X[:, 1]) + 20 * (X[:, 2] - 0.5) ** 2 + 10 * X[:, 3] + 5 * X[:, 4]
     return X, f + noise_std * rng.standard_normal(n)
 
@@ -191,7 +195,8 @@ def make_gp_sample(n: int, rng=None, d: int = 2, lengthscale: float = 0.3, noise
     return X, f + noise_std * rng.standard_normal(n)
 
 
-_GENERATORS = {"friedman1": make_friedman1, "gp_sample": make_gp_sample}
+_GENERATORS = {"friedman1": make_friedman1, "friedman1_d11": partial(make_friedman1, d=11),
+               "gp_sample": make_gp_sample}
 
 
 # ------------------------------------------------------------------------------------------------------ loading

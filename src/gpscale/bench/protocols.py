@@ -403,3 +403,121 @@ register_protocol(Protocol(
            "with early stopping) are not stored; nor are the DKL rows and the r = 1 ablations, which this "
            "protocol does not run. No published numbers for elevators, bike and kin40k.",
 ))
+
+
+# --- GP-GRIEF (Evans & Nair, ICML 2018, arXiv 1807.02125; spec shared/specs/grief.md) ----------------------------
+# Table 1 (spec §6.3): our data file, the paper's n and d, then test RMSE in the units of y (mean, std over 10 folds)
+# of GP-GRIEF-II, GP-GRIEF-I and Yang et al. (2015). 3droad and electric are not in the data folder; every file
+# below has the table's n and d (tests/test_bench_protocols.py checks them).
+_GRIEF_TABLE1 = {
+    "challenger": ("challenger", 23, 4, (0.554, 0.277), (0.519, 0.261), (0.63, 0.26)),
+    "fertility": ("fertility", 100, 9, (0.172, 0.055), (0.166, 0.051), (0.21, 0.05)),
+    "slump": ("concreteslump", 103, 7, (3.972, 1.891), (3.470, 1.712), (4.72, 2.42)),
+    "automobile": ("autos", 159, 25, (0.145, 0.057), (0.111, 0.036), (0.18, 0.07)),
+    "servo": ("servo", 167, 4, (0.280, 0.085), (0.268, 0.075), (0.28, 0.09)),
+    "cancer": ("breastcancer", 194, 33, (27.843, 3.910), (30.568, 3.340), (35.0, 4.0)),
+    "hardware": ("machine", 209, 7, (0.408, 0.046), (0.402, 0.045), (0.43, 0.04)),
+    "yacht": ("yacht", 308, 6, (0.170, 0.083), (0.120, 0.070), (0.16, 0.11)),
+    "autompg": ("autompg", 392, 7, (2.607, 0.356), (2.563, 0.369), (2.63, 0.38)),
+    "housing": ("housing", 506, 13, (3.212, 0.864), (2.887, 0.489), (2.91, 0.54)),
+    "forest": ("forest", 517, 12, (1.386, 0.14), (1.384, 0.139), (1.39, 0.16)),
+    "stock": ("stock", 536, 11, (0.005, 0.0), (0.005, 0.0), (0.005, 0.001)),
+    "energy": ("energy", 768, 8, (0.49, 0.057), (0.461, 0.064), (0.46, 0.07)),
+    "concrete": ("concrete", 1030, 8, (5.232, 0.723), (5.156, 0.766), (4.95, 0.77)),
+    "solar": ("solar", 1066, 10, (0.786, 0.198), (0.809, 0.193), (0.83, 0.20)),
+    "wine": ("wine", 1599, 11, (0.483, 0.052), (0.477, 0.047), (0.47, 0.08)),
+    "skillcraft": ("skillcraft", 3338, 19, (0.248, 0.016), (0.248, 0.016), (0.25, 0.02)),
+    "pumadyn": ("pumadyn32nm", 8192, 32, (0.20, 0.0), (0.212, 0.004), (0.20, 0.0)),
+    "elevators": ("elevators", 16599, 18, (0.091, 0.002), (0.097, 0.001), (0.090, 0.001)),
+    "kin40k": ("kin40k", 40000, 8, (0.206, 0.004), (0.206, 0.004), (0.28, 0.01)),
+    "keggu": ("keggundirected", 63608, 27, (0.118, 0.003), (0.134, 0.005), (0.12, 0.0)),
+}
+GRIEF_TABLE1_DATASETS = tuple(row[0] for row in _GRIEF_TABLE1.values())
+GRIEF_EXACT_MAX_N = 2000  # Yang et al. used an exact SE-ARD GP below n = 2000 (Fastfood above)
+# All 10 folds below n = 2000; folds 0-2 above (each fold of kin40k or keggu takes hours on 2 cores).
+_GRIEF_SPLITS = {row[0]: None if row[1] < GRIEF_EXACT_MAX_N else (0, 1, 2) for row in _GRIEF_TABLE1.values()}
+
+# GP-GRIEF-II: mbar = 10 and p = min(1000, 10^floor(log10 n)) (n_eigen=None), hyperparameters initialised from an
+# exact GP on 1000 rows, then full-batch Adam on the evidence instead of the paper's L-BFGS with finite differences:
+# lr 0.1 and 300 steps. On fold 0 of eight small sets the loss had levelled off by 100-300 steps at lr 0.1 (0.05 was
+# slower everywhere, 0.01 far too slow); beyond that it only jitters, as the selected eigenpairs change with the
+# lengthscales (pitfall 9). The sets with n >= 2000 start from 1000 rows and gain most from the steps; at 30-60 s
+# per step on kin40k and keggu (2 cores) 300 steps take 2.5-5 h per fold.
+GRIEF_II_PAPER = dict(n_eigen=None, grid_size=10, epochs=300, lr=0.1)
+# GP-GRIEF-I: p = 1000, the paper's 10,000 MALA iterations, burn-in 1000, thin 50 (the model's defaults, with two
+# chains for R-hat), and the step size tuned every 1000 iterations throughout, as the official code does. The model's
+# default tunes during burn-in only, i.e. once: from h = 0.4 the chains over min(n, p) + 1 parameters then accept
+# nothing and the posterior is the starting point (measured on housing: acceptance 0.00; with tune="always" h
+# reaches 0.1 and acceptance 0.66). "reweighted" is the paper's O(p^3) evidence (about 0.2 s a step at p = 1000
+# here: about 80 min per fold); "orthogonal" is the O(p) form the paper used only for electric (15 s per fold), a
+# different model whose weights are relative to s^2 (spec §3.9).
+GRIEF_I_PAPER = dict(n_eigen=1000, grid_size=10, n_iterations=10_000, burn_in=1_000, thin=50, tune="always")
+# The exact GP beside Yang et al.'s: Adam at lr 0.1 for 300 steps from the default hyperparameters (on fold 0 of
+# four small sets the loss changed by < 0.01 per point between 100 and 300 steps).
+GRIEF_EXACT = dict(epochs=300, lr=0.1)
+
+
+def _grief_table1_published() -> dict[tuple[str, str], dict[str, float]]:
+    """The paper's RMSE in the units of y, keyed ``rmse_original`` (the report prints our ``rmse_original`` beside
+    it): column II for ``grief``, column I for both GRIEF-I solvers, Yang et al. for ``exact`` where they used an
+    exact GP (n < 2000)."""
+    published = {}
+    for dataset, n, _, type2, type1, yang in _GRIEF_TABLE1.values():
+        columns = {"grief": type2, "grief-i": type1, "grief-i-orth": type1}
+        if n < GRIEF_EXACT_MAX_N:
+            columns["exact"] = yang
+        for label, (mean, std) in columns.items():
+            published[(label, dataset)] = {"rmse_original": float(mean), "rmse_original_std": float(std)}
+    return published
+
+
+register_protocol(Protocol(
+    name="grief-table1",
+    version=1,
+    description="GP-GRIEF paper, Table 1: GP-GRIEF-II (mbar = 10, p = min(1000, 10^floor(log10 n_train)), exact-GP "
+                "initialisation on 1000 rows, then 300 full-batch Adam steps at lr 0.1 on the evidence), GP-GRIEF-I "
+                "(p = 1000, 10,000 MALA iterations, burn-in 1000, thin 50, two chains, step size tuned every 1000 "
+                "iterations throughout as the official code) with the O(p) orthogonal "
+                "solver (grief-i-orth, seconds per fold) and with the paper's O(p^3) one (grief-i, about 80 min per "
+                "fold on 2 cores), and our exact GP (300 Adam steps at lr 0.1) where n < 2000, beside Yang et al.'s. "
+                "The paper's 21 UCI sets that we have (3droad and electric are not in the data folder), the fixed "
+                "10-fold splits: all 10 below n = 2000, folds 0-2 above. The grid comes from the training inputs. "
+                "p follows the paper's rule on the training size, so fertility and slump get p = 10 and concrete "
+                "and solar p = 100 where the paper's table (rule on the whole set) has 100 and 1000. grief-i "
+                "reuses grief-i-orth's initialisation (same theta and sigma_0^2) when both run; its training time "
+                "then also counts that run's (seconds).",
+    methods=(
+        MethodSpec("grief", GRIEF_II_PAPER),
+        MethodSpec("grief-i", {**GRIEF_I_PAPER, "solver": "orthogonal"}, label="grief-i-orth"),
+        MethodSpec("grief-i", {**GRIEF_I_PAPER, "solver": "reweighted"}),
+        MethodSpec("exact", GRIEF_EXACT, max_n=GRIEF_EXACT_MAX_N),
+    ),
+    datasets=_GRIEF_SPLITS,
+    splits=tuple(range(10)),
+    requires_data=GRIEF_TABLE1_DATASETS,
+    published=_grief_table1_published(),
+    source="Evans & Nair 2018, Table 1 (spec grief.md §6.3): test RMSE in the units of y, mean and std over the "
+           "10 folds of the same files, keyed rmse_original and printed beside ours. GRIEF-I's column goes beside "
+           "both of our solvers (the paper used the O(p^3) form on these sets), Yang et al.'s (an exact SE-ARD GP "
+           "below n = 2000) beside our exact GP; Yang's Fastfood numbers above n = 2000 and the paper's hours per "
+           "fold (24 cores) are not stored.",
+))
+
+# Scale: the paper's electric set (n = 2,049,280, d = 11) is not in the data folder; a generated Friedman #1 set
+# with 11 inputs and n = 2,000,000 (1.8M train, 200k test) stands in for it, with GP-GRIEF-I as the paper ran
+# electric: p = 1000, the O(p) orthogonal solver, 10,000 MALA iterations. The statistics pass streams chunk_size rows
+# at a time (memory O(chunk_size x p)), and the MCMC is independent of n.
+register_protocol(Protocol(
+    name="grief-scale",
+    version=1,
+    description="Scale: GP-GRIEF-I with the O(p) orthogonal solver (p = 1000, 10,000 MALA iterations, burn-in "
+                "1000, thin 50, tuned throughout) on generated Friedman #1 with 11 inputs and n = 2,000,000 (the "
+                "size of the paper's electric set, which it ran the same way): training time, prediction time, "
+                "peak memory.",
+    methods=(MethodSpec("grief-i", {**GRIEF_I_PAPER, "solver": "orthogonal", "chunk_size": 8192},
+                        label="grief-i-orth"),),
+    datasets={"friedman1_d11": None},
+    dataset_options={"friedman1_d11": {"n": 2_000_000}},
+    source="No published numbers: the paper's electric set (GP-GRIEF-I RMSE 0.058 +- 0.006, 0.418 h per fold on "
+           "24 cores) is not in the data folder.",
+))

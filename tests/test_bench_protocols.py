@@ -12,6 +12,7 @@ from gpscale.bench.runner import TRAINING_OPTIONS
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
+from gpscale.models.grief import paper_n_eigen
 
 ALL = sorted(PROTOCOLS)
 SOFTKI_PROTOCOLS = ("softki-table1", "softki-table2", "softki-md17", "softki-noise", "softki-scale")
@@ -52,11 +53,19 @@ def test_model_options_are_accepted(name):
         if spec.key.startswith("gpytorch-"):  # the peers train for a fixed budget: no validation options
             assert set(spec.options) <= {"epochs", "batch_size", "lr", "n_inducing"}, (name, spec.name)
             continue
-        options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
-        if "n_inducing" in options:
-            options["n_inducing"] = min(options["n_inducing"], 8)  # construction only; keep it small
-        model = get_model_class(spec.key)(3, **options)
-        assert model.n_features == 3
+        for overrides in [{}, *spec.dataset_overrides.values()]:  # as the runner merges them per dataset
+            options = {k: v for k, v in {**spec.options, **overrides}.items() if k not in TRAINING_OPTIONS}
+            if "n_inducing" in options:
+                options["n_inducing"] = min(options["n_inducing"], 8)  # construction only; keep it small
+            model = get_model_class(spec.key)(3, **options)
+            assert model.n_features == 3
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dataset_overrides_refer_to_the_protocols_datasets(name):
+    protocol = PROTOCOLS[name]
+    for spec in protocol.methods:
+        assert set(spec.dataset_overrides) <= set(protocol.datasets), (name, spec.name)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -112,15 +121,17 @@ def test_dbk_table1_layout():
     for options in (protocol.dataset_options[d] for d in datasets):  # random 80/20, then 1/8 of 80% validates
         assert options == {"random_split": True, "test_fraction": 0.2, "x_scaling": "minmax"}
     specs = {spec.name: spec for spec in protocol.methods}
-    assert set(specs) == {"dbk", "dbk-c", "svdbk", "svdbk-c", "sgpr", "gpytorch-sgpr", "svgp", "gpytorch-svgp",
-                          "exact", "gpytorch-exact"}
+    assert set(specs) == {"dbk", "dbk-c", "dbk-scaled", "svdbk", "svdbk-c", "sgpr", "gpytorch-sgpr", "svgp",
+                          "gpytorch-svgp", "exact", "gpytorch-exact"}
+    # the one variant not in the paper differs from dbk only in the basis scaling
+    assert specs["dbk-scaled"].options == {**specs["dbk"].options, "scale_basis": True}
     for label in ("dbk", "dbk-c", "svdbk", "svdbk-c"):
         options = specs[label].options
         assert specs[label].key == label.removesuffix("-c")
         assert options.get("correction", True) is not label.endswith("-c")
         assert options["n_basis"] == 128 and options["network"] == "resnet" and options["lr"] == 1e-3
         assert options["val_fraction"] * 0.8 == pytest.approx(0.1)
-    full_batch, svi = ("dbk", "dbk-c", "sgpr", "exact"), ("svdbk", "svdbk-c", "svgp")
+    full_batch, svi = ("dbk", "dbk-c", "dbk-scaled", "sgpr", "exact"), ("svdbk", "svdbk-c", "svgp")
     assert all((specs[k].options["epochs"], specs[k].options["patience"]) == (10_000, 2_000) for k in full_batch)
     assert all((specs[k].options["epochs"], specs[k].options["patience"], specs[k].options["batch_size"])
                == (2_000, 200, 256) for k in svi)
@@ -191,8 +202,17 @@ GRIEF_TABLE1_SIZES = {
 }
 
 
+# GP-GRIEF-II's p in the paper's Table 1, transcribed independently of the protocol.
+GRIEF_TABLE1_P = {
+    "challenger": 10, "fertility": 100, "concreteslump": 100, "autos": 100, "servo": 100, "breastcancer": 100,
+    "machine": 100, "yacht": 100, "autompg": 100, "housing": 100, "forest": 100, "stock": 100, "energy": 100,
+    "concrete": 1000, "solar": 1000, "wine": 1000, "skillcraft": 1000, "pumadyn32nm": 1000, "elevators": 1000,
+    "kin40k": 1000, "keggundirected": 1000,
+}
+
+
 def test_grief_protocols_are_registered():
-    assert get_protocol("grief-table1").version == 1 and get_protocol("grief-scale").version == 1
+    assert get_protocol("grief-table1").version == 2 and get_protocol("grief-scale").version == 2
 
 
 def test_grief_table1_layout():
@@ -203,13 +223,17 @@ def test_grief_table1_layout():
         assert protocol.datasets[dataset] == (None if n < 2000 else (0, 1, 2)), dataset
     specs = {spec.name: spec for spec in protocol.methods}
     assert set(specs) == {"grief", "grief-i", "grief-i-orth", "exact"}
-    assert specs["grief"].key == "grief" and specs["grief"].options["n_eigen"] is None  # the paper's rule for p
+    # GRIEF-II: the table's p on every set (the rule on the whole set's n, not the training size), n_eigen=None (the
+    # rule on the training size) only as the fallback for a set outside the table
+    assert specs["grief"].key == "grief" and specs["grief"].options["n_eigen"] is None
+    assert specs["grief"].dataset_overrides == {dataset: {"n_eigen": p} for dataset, p in GRIEF_TABLE1_P.items()}
+    assert all(paper_n_eigen(GRIEF_TABLE1_SIZES[dataset][0]) == p for dataset, p in GRIEF_TABLE1_P.items())
     assert (specs["grief"].options["grid_size"], specs["grief"].options["epochs"]) == (10, 300)
     for label, solver in (("grief-i", "reweighted"), ("grief-i-orth", "orthogonal")):
         options = specs[label].options
         assert specs[label].key == "grief-i" and options["solver"] == solver and options["n_eigen"] == 1000
         assert (options["n_iterations"], options["burn_in"], options["thin"]) == (10_000, 1_000, 50)
-        assert options["tune"] == "always"  # as the official code: tuning only in burn-in leaves the chains stuck
+        assert "tune" not in options and not specs[label].dataset_overrides  # the default: adapted in burn-in only
     # grief-i-orth first, so that grief-i (80 min a fold) reuses its cheap initialisation, not the other way round
     assert [spec.name for spec in protocol.methods].index("grief-i-orth") < [s.name for s in protocol.methods].index(
         "grief-i")
@@ -251,14 +275,14 @@ def test_grief_table1_files_have_the_papers_n_and_d(dataset):
 def test_grief_table1_smoke_run_on_challenger(tmp_path):
     """Every method of the protocol through the runner and the report on challenger fold 0, with iteration counts cut
     down through the options."""
-    from gpscale.bench.protocols import MethodSpec, register_protocol
+    from gpscale.bench.protocols import register_protocol
     from gpscale.bench.report import write_report
     from gpscale.bench.runner import run_protocol
 
     protocol = get_protocol("grief-table1")
     small = {"grief": dict(epochs=3), "grief-i-orth": dict(n_eigen=50, n_iterations=60, burn_in=10, thin=5),
              "grief-i": dict(n_eigen=50, n_iterations=60, burn_in=10, thin=5), "exact": dict(epochs=5)}
-    methods = tuple(MethodSpec(s.key, {**s.options, **small[s.name]}, s.label, s.max_n) for s in protocol.methods)
+    methods = tuple(dataclasses.replace(s, options={**s.options, **small[s.name]}) for s in protocol.methods)
     smoke = dataclasses.replace(protocol, name="test-grief-smoke", methods=methods, datasets={"challenger": (0,)},
                                 requires_data=("challenger",))
     register_protocol(smoke)
@@ -272,6 +296,7 @@ def test_grief_table1_smoke_run_on_challenger(tmp_path):
     assert all(r["status"] == "ok" and r["n_train"] == 21 and np.isfinite(r["rmse_original"]) for r in runs), runs
     by_method = {r["method"]: r for r in runs}
     assert by_method["grief-i"]["reused_training_of"] == "grief-i-orth"  # the same initialisation
+    assert by_method["grief"]["options"]["n_eigen"] == 10  # the table's p for challenger, recorded with the run
     y_std = load_dataset("challenger", split=0, data_dir=DATA).y_std  # RMSE in the units of y, as Table 1
     assert all(r["rmse_original"] == pytest.approx(r["rmse"] * y_std, rel=1e-12) for r in runs)
     assert "RMSE (y units)" in report and "paper RMSE (y units)" in report

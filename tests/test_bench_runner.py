@@ -130,6 +130,27 @@ def test_a_posterior_only_variant_reuses_the_trained_model(tmp_path):
     assert other["rmse"] != plain["rmse"]  # a training option differs: trained anew
 
 
+def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(runner, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))
+    spec = MethodSpec("exact", dict(epochs=3, lr=0.1, noise_floor=1e-4),
+                      dataset_overrides={"gp_sample": {"epochs": 2, "noise_floor": 1e-3}, "unused": {"epochs": 9}})
+    protocol = replace(TINY, methods=(spec,), dataset_options={"friedman1": {"n": 120}, "gp_sample": {"n": 120}})
+    lines = []
+    runs = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lines.append)).runs()
+    assert [(r["dataset"], r["options"]) for r in runs] == [
+        ("friedman1", {"key": "exact", "epochs": 3, "lr": 0.1, "noise_floor": 1e-4}),
+        ("friedman1", {"key": "exact", "epochs": 3, "lr": 0.1, "noise_floor": 1e-4}),
+        ("gp_sample", {"key": "exact", "epochs": 2, "lr": 0.1, "noise_floor": 1e-3})]
+    assert [r["epochs"] for r in runs] == [3, 3, 2]
+    runs_built = built[-3:]  # after the warm-up, which uses the entry's own options
+    assert [model.likelihood.noise_floor for model, _ in runs_built] == [1e-4, 1e-4, 1e-3]
+    assert [kw["epochs"] for _, kw in runs_built] == [3, 3, 2]
+    # resuming recognises the merged options as the same runs
+    run_protocol(protocol, out_dir=tmp_path, progress=False, resume=True, log=lines.append)
+    assert len(ResultsStore(tmp_path / "results.sqlite").runs()) == 3 and lines[-1].startswith("done already")
+
+
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
     """val_fraction and patience are training options: fit() holds out the rows and stops early; given to the
     model's constructor they would be an unknown option and the run an error."""

@@ -1,6 +1,6 @@
 """Generic MCMC pieces for GP-GRIEF-I (spec §3.10, §5, pitfall 15): the log-normal prior given by (mode, variance),
-a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, positive-parameter transforms that keep the
-Jacobian, and the split R-hat / effective-sample-size diagnostics.
+a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, with its step size adapted during burn-in,
+positive-parameter transforms that keep the Jacobian, and the split R-hat / effective-sample-size diagnostics.
 
 Shapes: ``D`` parameters, ``C`` chains, ``S`` kept samples per chain, ``N`` draws per chain in the diagnostics.
 """
@@ -31,6 +31,14 @@ __all__ = [
 ]
 
 LogTarget = Callable[[Tensor], Tensor]
+
+TUNE_MODES = ("burn_in", "always", "never")
+# The default tuning (tune="burn_in") drives MALA's acceptance rate toward 0.574, optimal for MALA in high
+# dimension (Roberts & Rosenthal 1998), by a Robbins-Monro step on log h after every burn-in iteration with gain
+# (i + 1)^-0.6: the gains sum to infinity (h can travel any distance) while their squares do not (it settles),
+# the usual diminishing-adaptation schedule (Andrieu & Thoms 2008).
+TARGET_ACCEPTANCE = 0.574
+ADAPTATION_DECAY = 0.6
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -290,12 +298,16 @@ def mala(
         n_iterations: total iterations, burn-in included.
         burn_in, thin: the state after iteration i (zero-based) is kept when ``i > burn_in and i % thin == 0``.
         step_size: initial h (the official tutorial's 0.4).
-        tune_every: before iteration i, when i is a positive multiple of ``tune_every``, h is multiplied by 0.7 if
-            the chain's cumulative acceptance rate is below 0.2 and by 1.2 if above 0.6 (the official rule).
-        tune: ``"burn_in"`` (default) tunes only while ``i <= burn_in``; ``"always"`` keeps tuning for the whole
-            run as the official code does; ``"never"`` keeps h fixed. Tuning that never stops makes the chain
-            adaptive (its kernel depends on its whole past), which can break convergence to pi; stopping at the
-            end of burn-in leaves a fixed, pi-invariant kernel for every kept sample.
+        tune: ``"burn_in"`` (default): after each iteration ``i < burn_in``, every chain's
+            ``log h += (i + 1)^-0.6 (alpha_i - 0.574)``, with alpha_i that iteration's acceptance probability
+            (Robbins-Monro toward MALA's optimal acceptance rate); h is then fixed, so every kept sample comes from
+            one pi-invariant kernel. ``"always"``: the official code's rule for the whole run (see
+            ``tune_every``), an adaptive chain whose kernel depends on its whole past, which can break convergence
+            to pi. ``"never"``: h stays ``step_size``.
+        tune_every: for ``tune="always"`` only: before iteration i, when i is a positive multiple of ``tune_every``,
+            h is multiplied by 0.7 if the chain's cumulative acceptance rate is below 0.2 and by 1.2 if above 0.6
+            (the official rule; from h = 0.4 with the official 1000 it first acts at iteration 1000, too late for
+            a chain over hundreds of parameters to have moved during burn-in).
         n_chains: independent chains, each with its own h and random stream.
         init_jitter: each chain starts at ``x0 + init_jitter * N(0, I)`` (0: all at x0).
         seed: int or ``torch.Generator`` for reproducible runs; None draws a seed from torch's global RNG.
@@ -317,7 +329,7 @@ def mala(
     if isinstance(step_size, bool) or not isinstance(step_size, (int, float, np.floating, np.integer)) or not (
             math.isfinite(step_size) and step_size > 0):
         raise ValueError(f"Expected step_size to be a finite number > 0. Got {step_size!r}.")
-    if tune not in ("burn_in", "always", "never"):
+    if tune not in TUNE_MODES:
         raise ValueError(f"Expected tune to be 'burn_in', 'always' or 'never'. Got {tune!r}.")
     if not (math.isfinite(init_jitter) and init_jitter >= 0):
         raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
@@ -351,7 +363,7 @@ def mala(
     slot = 0
     keep_set = keep.tolist()
     for i in range(n_iterations):
-        if i > 0 and i % tune_every == 0 and (tune == "always" or (tune == "burn_in" and i <= burn_in)):
+        if tune == "always" and i > 0 and i % tune_every == 0:
             rate = accepted_total.to(dtype) / i
             h = torch.where(rate < 0.2, h * 0.7, torch.where(rate > 0.6, h * 1.2, h))
         if i == burn_in + 1:
@@ -372,6 +384,8 @@ def mala(
         lp = torch.where(accept, lp_new, lp)
         grad = torch.where(accept[:, None], grad_new, grad)
         accepted_total += accept
+        if tune == "burn_in" and i < burn_in:
+            h = _adapt_step_size(h, torch.where(finite, log_alpha, -math.inf), i)
 
         if slot < len(keep_set) and i == keep_set[slot]:
             samples[:, slot], kept_lp[:, slot] = x, lp
@@ -386,6 +400,14 @@ def mala(
         burn_in_acceptance_rate=accepted_burn_in.to(dtype) / n_burn,
         step_size=h,
     )
+
+
+def _adapt_step_size(h: Tensor, log_alpha: Tensor, i: int) -> Tensor:
+    """One Robbins-Monro step of each chain's log h toward the target acceptance rate (``TARGET_ACCEPTANCE``), from
+    the acceptance probabilities ``min(1, exp(log_alpha))`` of iteration i, which vary less than the accept/reject
+    outcomes. [C], [C] -> [C]"""
+    alpha = log_alpha.clamp(max=0.0).exp()
+    return h * torch.exp((i + 1) ** -ADAPTATION_DECAY * (alpha - TARGET_ACCEPTANCE))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -418,8 +440,9 @@ def _split_chains(draws: np.ndarray) -> np.ndarray:
 def _rhat(draws: np.ndarray) -> np.ndarray:
     """Gelman-Rubin potential scale reduction of (already split) chains. [M, n, D] -> [D]"""
     n = draws.shape[1]
-    W = draws.var(axis=1, ddof=1).mean(axis=0)  # within-chain variance, [D]
-    B_over_n = draws.mean(axis=1).var(axis=0, ddof=1)  # between-chain variance / n, [D]
+    # numpy's variance of equal values can be round-off (2e-31 for 19 equal draws seen), not 0: test for equality
+    W = np.where(np.ptp(draws, axis=1) > 0, draws.var(axis=1, ddof=1), 0.0).mean(axis=0)  # within-chain var, [D]
+    B_over_n = np.where(np.ptp(draws, axis=(0, 1)) > 0, draws.mean(axis=1).var(axis=0, ddof=1), 0.0)  # [D]
     var_plus = (n - 1) / n * W + B_over_n
     with np.errstate(divide="ignore", invalid="ignore"):
         # W = 0: constant chains; they agree (nan, nothing to judge) or are stuck in different places (inf)
@@ -474,8 +497,9 @@ def effective_sample_size(samples) -> np.ndarray:
     W = acov[:, 0].mean(axis=0) * N / (N - 1)  # mean within-chain variance (unbiased), [D]
     var_plus = W * (N - 1) / N + (draws.mean(axis=1).var(axis=0, ddof=1) if C > 1 else 0.0)
     ess = np.empty(D)
+    constant = np.ptp(draws, axis=(0, 1)) == 0  # var_plus may be round-off there, not 0
     for d in range(D):
-        if var_plus[d] <= 0:  # constant draws: no information about the spread
+        if constant[d] or var_plus[d] <= 0:  # no information about the spread
             ess[d] = np.nan
             continue
         rho = 1 - (W[d] - acov[:, :, d].mean(axis=0)) / var_plus[d]  # [N]

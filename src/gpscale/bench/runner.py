@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -63,7 +64,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                 ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
                                   **protocol.dataset_options.get(name, {}))
                 trained: dict = {}  # trained models of this split and seed, for posterior-only variants
-                for spec in specs:
+                for spec in (_on_dataset(s, name) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:
                         continue
                     base = {"protocol": protocol.name, "protocol_version": protocol.version, "method": spec.name,
@@ -120,6 +121,12 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
+
+
+def _on_dataset(spec: MethodSpec, dataset: str) -> MethodSpec:
+    """``spec`` with its options for ``dataset`` merged in: what runs and what the record's options say."""
+    overrides = spec.dataset_overrides.get(dataset)
+    return replace(spec, options={**spec.options, **overrides}, dataset_overrides={}) if overrides else spec
 
 
 def _warm_up(specs, dtype, device) -> None:

@@ -18,6 +18,13 @@ maximise the evidence, with autograd gradients through the 1-D eigendecompositio
 finite differences). The selected top-p index set changes with the lengthscales, so the objective is only
 piecewise smooth (pitfall 9); the gradient is exact within each piece.
 
+Initialisation (:meth:`GRIEF.initialise_from_exact_gp`): theta from an exact SE-ARD GP on at most 1000 rows, as the
+paper, but fitted by L-BFGS-B inside a box (each hyperparameter within a factor 10^4 of its data scale), and by
+default (``init_noise="grief"``) sigma^2 from the GRIEF model itself: the maximiser of its evidence at that theta, a
+1-D search on the statistics of all training rows (:func:`evidence_maximising_noise`). The paper copies the exact
+GP's sigma^2 (``init_noise="exact"``), which on near-noiseless small sets is an interpolating GP's: sigma^2 at
+its floor, where the low-rank GRIEF kernel has a huge loss and Adam in softplus space cannot move it.
+
 For GP-GRIEF-I (theta fixed, MCMC over re-weighted eigenfunctions ``k~ = sum_i w_i phi_i phi_i``, eqs. 16-18) this
 module gives the evidence as pure functions of (w, sigma^2) on precomputed statistics (:meth:`GRIEF.statistics`):
 :func:`reweighted_log_likelihood` in O(p^3) and, on the orthogonalised basis of spec §3.9,
@@ -27,15 +34,18 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import numpy as np
 import torch
+from scipy.optimize import minimize, minimize_scalar
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..distributed import LOCAL, Comm
-from ..kernels import RBF, Kernel
+from ..kernels import RBF, Kernel, inverse_softplus
 from ..kernels.grid import (
     cross_factors,
     factor_eigh,
@@ -44,15 +54,29 @@ from ..kernels.grid import (
     grief_features,
     top_eigenvalues,
 )
+from ..linalg import NotPSDError, NumericalWarning
 from . import _linear
 from ._linear import CORE
 from .base import GPModel, register
 from .exact import ExactGP
 
 __all__ = ["GRIEF", "GridSpectrum", "OrthogonalBasis", "paper_n_eigen", "weighted", "reweighted_log_likelihood",
-           "reweighted_predict", "orthogonalise", "orthogonal_log_likelihood", "orthogonal_predict"]
+           "reweighted_predict", "orthogonalise", "orthogonal_log_likelihood", "orthogonal_predict",
+           "evidence_maximising_noise", "INIT_NOISE"]
 
 LOG_2PI = math.log(2 * math.pi)
+INIT_NOISE = ("grief", "exact")
+# The initialisation keeps every positive hyperparameter within a factor INIT_RANGE of its data scale (lengthscale i:
+# the range of input i; s_f^2 and sigma^2: mean(y^2)). Its lower end for sigma^2, 10^-4 mean(y^2) (a noise std of
+# 1% of y's), is where it matters: the smallest noise in the paper's Table 1 is about 2e-3 of var(y) (energy:
+# GRIEF-I's RMSE, an upper bound of the noise std, is 0.046 std(y)), so a model that fits is never held by it, while
+# below it lie the interpolating GPs that near-noiseless small sets (slump, wine) pull the evidence toward. It also
+# keeps the raw (softplus) noise above about -9.2, where Adam moves it in tens of steps.
+INIT_RANGE = 1e4
+NOISE_GRID = 64  # points of the coarse search in log sigma^2 (spacing 0.29 over the 10^8 range)
+# What the exact-GP fit reports where the loss cannot be evaluated: far above any loss per point of a GP that can, and
+# finite, since scipy's L-BFGS-B stops at once ("converged") on inf or NaN, whereas it backtracks from a large value
+FAILED_LOSS = 1e10
 
 
 def paper_n_eigen(n: int) -> int:
@@ -134,6 +158,28 @@ def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) 
                    + (basis.n - q) * s2.log() + basis.n * LOG_2PI)
 
 
+def evidence_maximising_noise(stats: _linear.Statistics, lower: float, upper: float) -> float:
+    """The sigma^2 in [lower, upper] that maximises the w = 1 evidence ``log N(y | 0, Phi Phi^T + sigma^2 I)`` of
+    fixed features, from their statistics: one O(p^3) :func:`orthogonalise`, then O(q) per evaluation of
+    :func:`orthogonal_log_likelihood` at ``w~ = s^2`` (equal to eq. 18 up to directions with s^2 <= 1e-12 max s^2).
+
+    A grid of ``NOISE_GRID`` points in log sigma^2, then a bounded Brent search between the best point's neighbours:
+    the evidence need not be unimodal in sigma^2, and the grid keeps the search off a poor local maximum.
+    """
+    basis = orthogonalise(stats)
+    weights = basis.s**2
+
+    def negative(log_noise: float) -> float:
+        return -orthogonal_log_likelihood(weights, torch.tensor(math.exp(log_noise), dtype=CORE), basis).item()
+
+    grid = np.linspace(math.log(lower), math.log(upper), NOISE_GRID)
+    values = [negative(t) for t in grid]
+    best = int(np.argmin(values))
+    refined = minimize_scalar(negative, bounds=(grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]),
+                              method="bounded", options={"xatol": 1e-6})
+    return math.exp(min((refined.fun, refined.x), (values[best], grid[best]))[1])
+
+
 def orthogonal_predict(Phi: Tensor, w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:
     """Latent mean ``Phi~* (w~ r~ / (w~ + sigma^2))`` and variance ``Phi~*^2 (sigma^2 w~ / (w~ + sigma^2))`` [c] at
     test features Phi [c, p], transformed here by ``V / s`` (not the official code's untransformed variance).
@@ -177,7 +223,9 @@ class GRIEF(GPModel):
         init_exact_points: initialise the hyperparameters as the paper does, from an exact SE-ARD GP fitted on
             this many random training rows (default 1000; all of them if n is smaller); 0 keeps the constructor's
             ``lengthscale``, ``outputscale`` and ``noise``.
-        init_iterations: L-BFGS iterations of that exact-GP fit (default 100).
+        init_iterations: L-BFGS-B iterations of that exact-GP fit (default 100).
+        init_noise: where the initial sigma^2 comes from: ``"grief"`` (default), the maximiser of this model's
+            evidence at the exact GP's theta over all training rows; ``"exact"``, the exact GP's, as the paper.
         jitter: added to each 1-D grid factor K^(i) (default 1e-12, the official code's).
         kernel: only ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method) or an
             :class:`~gpscale.kernels.RBF`: the grid algebra needs a product of 1-D squared exponentials. ``ard``
@@ -190,14 +238,15 @@ class GRIEF(GPModel):
 
     def __init__(self, n_features: int, n_eigen: int | None = None, grid_size: int = 10,
                  init_exact_points: int = 1000, init_iterations: int = 100, jitter: float = 1e-12, *,
-                 kernel: str | Kernel | None = "rbf", **kwargs):
+                 init_noise: str = "grief", kernel: str | Kernel | None = "rbf", **kwargs):
         _check_options(n_eigen=n_eigen, grid_size=grid_size, init_exact_points=init_exact_points,
-                       init_iterations=init_iterations, jitter=jitter, kernel=kernel)
+                       init_iterations=init_iterations, jitter=jitter, init_noise=init_noise, kernel=kernel)
         super().__init__(n_features, kernel="rbf" if kernel is None else kernel, **kwargs)
         self.n_eigen = None if n_eigen is None else int(n_eigen)
         self.grid_size = int(grid_size)
         self.init_exact_points = int(init_exact_points)
         self.init_iterations = int(init_iterations)
+        self.init_noise = init_noise
         self.jitter = float(jitter)
         # the grid is data-dependent but its padded shape is not, so a saved model loads into a fresh one
         self.register_buffer("grid", torch.zeros(self.n_features, self.grid_size))  # row i: xg[i], padded
@@ -219,30 +268,46 @@ class GRIEF(GPModel):
             self.initialise_from_exact_gp(X, y, seed)
 
     def initialise_from_exact_gp(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        """Fit an exact SE-ARD GP on ``min(n, init_exact_points)`` random rows and copy its lengthscales, s_f^2 and
-        sigma^2 (the paper's initialisation, spec §5).
+        """Fit an exact SE-ARD GP on ``min(n, init_exact_points)`` random rows and copy its lengthscales and s_f^2
+        (the paper's initialisation, spec §5); sigma^2 as ``init_noise`` says (a learned noise only).
 
-        L-BFGS rather than :func:`gpscale.train.fit`: the paper fits this GP to the maximum of its evidence (GPy's
-        L-BFGS-B), and for a handful of hyperparameters L-BFGS with a line search gets there in tens of iterations,
-        whereas Adam with a fixed budget and learning rate stops short of it or oscillates. float64 throughout:
-        the n x n Cholesky at a 1000 points is where float32 fails.
+        L-BFGS-B over the raw (softplus) parameters, as the paper's GPy, within the box of :func:`_exact_gp_box`;
+        for a handful of hyperparameters it reaches the evidence's maximum in tens of iterations, where Adam with a
+        fixed budget stops short or oscillates. Points where the Cholesky fails count as a huge loss and the best
+        point evaluated is kept; if not even the start can be evaluated, the constructor's hyperparameters stay, with a
+        :class:`~gpscale.linalg.NumericalWarning`. float64 throughout: the n x n Cholesky at a 1000 points is where
+        float32 fails.
         """
         rows = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(seed))[: self.init_exact_points]
         Xs, ys = X.detach()[rows.to(X.device)].to(CORE), y.detach()[rows.to(y.device)].to(CORE)
         exact = ExactGP(self.n_features, kernel=copy.deepcopy(self.kernel), noise=float(self.noise.detach()),
                         learn_noise=self.likelihood.learn_noise, noise_floor=self.likelihood.noise_floor).to(CORE)
-        parameters = [p for p in exact.parameters() if p.requires_grad]
-        lbfgs = torch.optim.LBFGS(parameters, max_iter=self.init_iterations, line_search_fn="strong_wolfe")
+        params, bounds = _exact_gp_box(exact, Xs, ys)
+        if _minimise_lbfgsb(lambda: exact.loss(Xs, ys, Xs.shape[0]), params, bounds, self.init_iterations):
+            self.kernel.load_state_dict(exact.kernel.state_dict())
+            noise = exact.noise.detach()
+        else:
+            warnings.warn("GP-GRIEF's exact-GP initialisation failed at its starting point (the Cholesky of K + "
+                          "sigma^2 I); the constructor's lengthscale, outputscale and noise are kept. Pass other "
+                          "starting values, or init_exact_points=0 to skip the exact GP.", NumericalWarning,
+                          stacklevel=3)
+            noise = self.noise.detach()
+        if self.likelihood.learn_noise:
+            self._set_noise(self.max_evidence_noise(X, y) if self.init_noise == "grief" else noise)
 
-        def closure() -> Tensor:
-            lbfgs.zero_grad()
-            loss = exact.loss(Xs, ys, Xs.shape[0])
-            loss.backward()
-            return loss
+    def max_evidence_noise(self, X: Tensor, y: Tensor) -> Tensor:
+        """The sigma^2 that maximises this model's evidence on (X, y) at the current theta, within
+        :func:`_noise_range` (one statistics pass, O(n p^2), then a 1-D search: :func:`evidence_maximising_noise`)."""
+        stats = self.statistics(X, y)
+        lower, upper = _noise_range(stats.yy.item() / stats.n, self.likelihood.noise_floor)
+        return torch.tensor(evidence_maximising_noise(stats, lower, upper), dtype=CORE)
 
-        lbfgs.step(closure)
-        self.kernel.load_state_dict(exact.kernel.state_dict())
-        self.likelihood.load_state_dict(exact.likelihood.state_dict())
+    def _set_noise(self, value: Tensor) -> None:
+        """Set the likelihood's sigma^2 to ``value``: raw = inverse_softplus(value - floor), within the floor."""
+        lik = self.likelihood
+        excess = (value.to(CORE) - lik.noise_floor).clamp_min(torch.finfo(CORE).tiny)
+        with torch.no_grad():
+            lik.raw_noise.copy_(inverse_softplus(excess).to(lik.raw_noise))
 
     # --- the features -------------------------------------------------------------------------------------
     def grids(self) -> list[Tensor]:
@@ -332,12 +397,78 @@ class GRIEF(GPModel):
         return mean.to(X.dtype), var.to(X.dtype)
 
 
+def _noise_range(scale: float, floor: float) -> tuple[float, float]:
+    """Bounds of the initial sigma^2 for targets of mean square ``scale``: ``scale`` times 10^-4 and 10^4
+    (``INIT_RANGE``), the lower one at least twice the noise floor, so that the raw noise
+    ``inverse_softplus(sigma^2 - floor)`` is at least ``inverse_softplus(floor)``."""
+    lower = max(scale / INIT_RANGE, 2 * floor)
+    return lower, max(scale, lower) * INIT_RANGE
+
+
+def _exact_gp_box(exact: ExactGP, X: Tensor, y: Tensor) -> tuple[list[Tensor], list[tuple[float, float]]]:
+    """The raw parameters of ``exact`` and L-BFGS-B's box for them: each lengthscale within a factor ``INIT_RANGE``
+    of its input's range (1 for a constant input; the largest range without ARD), s_f^2 of mean(y^2), sigma^2 in
+    :func:`_noise_range`. Without the box the line search steps where a lengthscale underflows to 0 (solar fold 0:
+    raw -887, then NaN features and a failed Cholesky) or sigma^2 collapses onto its floor (cancer: raw -225); with
+    it every raw value lies where softplus has a usable gradient for the Adam steps of GP-GRIEF-II."""
+    span = X.max(0).values - X.min(0).values
+    span = torch.where(span > 0, span, torch.ones_like(span))
+    if not exact.kernel.ard:
+        span = span.max().reshape(1)
+    scale = (y**2).mean().item()
+    box = [(exact.kernel.raw_lengthscale, span / INIT_RANGE, span * INIT_RANGE, 0.0),
+           (exact.kernel.raw_outputscale, scale / INIT_RANGE, scale * INIT_RANGE, 0.0)]
+    if exact.likelihood.learn_noise:
+        floor = exact.likelihood.noise_floor
+        box.append((exact.likelihood.raw_noise, *_noise_range(scale, floor), floor))
+    bounds = []
+    for param, lower, upper, floor in box:
+        raw = [inverse_softplus(torch.as_tensor(v, dtype=CORE) - floor).expand(param.shape).reshape(-1).tolist()
+               for v in (lower, upper)]
+        bounds += list(zip(*raw))
+    return [param for param, *_ in box], bounds
+
+
+def _minimise_lbfgsb(loss: Callable[[], Tensor], params: list[Tensor], bounds: list[tuple[float, float]],
+                     max_iterations: int) -> bool:
+    """Minimise ``loss()`` over the tensors ``params`` (flattened, in order) by scipy's L-BFGS-B within ``bounds``,
+    with autograd gradients, and leave them at the best point evaluated. scipy's default tolerances are the official
+    code's (factr 1e7, pgtol 1e-5). A point where the loss raises :class:`NotPSDError` or is not finite counts as
+    ``FAILED_LOSS`` with a zero gradient, so the line search backtracks from it. Returns False (params unchanged)
+    when no point could be evaluated."""
+    start = torch.cat([p.detach().reshape(-1) for p in params]).cpu().numpy()
+    best = {"loss": math.inf, "x": None}
+
+    def assign(x: np.ndarray) -> None:
+        values = torch.from_numpy(np.array(x, dtype=np.float64)).split([p.numel() for p in params])
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value.reshape(param.shape))
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        assign(x)
+        try:
+            value = loss()
+            grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)])
+        except NotPSDError:
+            return FAILED_LOSS, np.zeros_like(x)
+        if not (torch.isfinite(value) and torch.isfinite(grad).all()):
+            return FAILED_LOSS, np.zeros_like(x)
+        if value.item() < best["loss"]:
+            best.update(loss=value.item(), x=np.array(x))
+        return value.item(), grad.cpu().numpy()
+
+    minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": max_iterations})
+    assign(start if best["x"] is None else best["x"])
+    return best["x"] is not None
+
+
 def _rows(Phi: Tensor) -> Tensor:
     # the engine's feature map over rows of a Phi that is already float64
     return Phi
 
 
-def _check_options(*, n_eigen, grid_size, init_exact_points, init_iterations, jitter, kernel) -> None:
+def _check_options(*, n_eigen, grid_size, init_exact_points, init_iterations, jitter, init_noise, kernel) -> None:
     if n_eigen is not None and (int(n_eigen) != n_eigen or n_eigen < 1):
         raise ValueError(f"Expected n_eigen to be a positive integer, or None for the paper's "
                          f"min(1000, 10^floor(log10 n)). Got {n_eigen!r}.")
@@ -351,6 +482,9 @@ def _check_options(*, n_eigen, grid_size, init_exact_points, init_iterations, ji
         raise ValueError(f"Expected init_iterations to be a positive integer. Got {init_iterations!r}.")
     if not jitter >= 0:
         raise ValueError(f"Expected jitter >= 0. Got {jitter!r}.")
+    if init_noise not in INIT_NOISE:
+        raise ValueError(f"Expected init_noise to be one of {INIT_NOISE} (the GRIEF evidence's maximiser at the "
+                         f"initial theta, or the exact GP's sigma^2 as the paper). Got {init_noise!r}.")
     if not (kernel in (None, "rbf") or isinstance(kernel, RBF)):
         raise ValueError(f"GP-GRIEF's grid algebra needs a product of 1-D squared exponentials: use "
                          f"kernel='rbf' (with ard=True for SE-ARD), got kernel={kernel!r}.")

@@ -1,14 +1,16 @@
 """GP-GRIEF-I: type-I inference on re-weighted grid eigenfunctions (Evans & Nair, ICML 2018; spec
 shared/specs/grief.md §3.8-3.10).
 
-The SE-ARD hyperparameters theta and the initial noise sigma_0^2 stay at the paper's initialisation (an exact GP on at
-most 1000 rows, :meth:`GRIEF.initialise_from_exact_gp`), so the features Phi are fixed. One streamed pass gives
-``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of
+The SE-ARD hyperparameters theta stay at the paper's initialisation (an exact GP on at most 1000 rows,
+:meth:`GRIEF.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise sigma_0^2 is by default the
+maximiser of the w = 1 GRIEF evidence at that theta (``init_noise="grief"``; the paper: the exact GP's sigma^2).
+One streamed pass gives ``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of
 
     k~(x, z) = sum_i w_i phi_i(x) phi_i(z),    y = f + eps,  eps ~ N(0, sigma^2),
 
 in ``x = (log u, log sigma^2)`` under the paper's log-normal priors (u_i: mode 1, variance 100; sigma^2: mode
-sigma_0^2, variance 0.04), starting at their mode. Two solvers evaluate the evidence:
+sigma_0^2, variance 0.04), starting at their mode. The step size adapts during burn-in toward an acceptance rate of
+0.574 and is then fixed (:func:`gpscale.mcmc.mala`, ``tune="burn_in"``). Two solvers evaluate the evidence:
 
 * ``"reweighted"``: eq. 18, u = w on the features themselves, O(p^3) per step.
 * ``"orthogonal"``: spec §3.9, the weights ``w~ = s^2 u`` on the orthogonalised basis ``Phi~ = U_s``, O(p) per
@@ -40,9 +42,9 @@ import torch
 from torch import Tensor
 
 from ..distributed import LOCAL, Comm
-from ..kernels import inverse_softplus
 from ..linalg import NotPSDError
 from ..mcmc import (
+    TUNE_MODES,
     ExpTransform,
     LogNormal,
     MCMCResult,
@@ -62,11 +64,12 @@ __all__ = ["GRIEFI", "ConvergenceWarning", "SOLVERS", "ORTHOGONAL_ABOVE"]
 SOLVERS = ("auto", "reweighted", "orthogonal")
 ORTHOGONAL_ABOVE = 10**6  # "auto" uses the O(p) solver above this n, as the paper did (only electric, n = 2M)
 RHAT_LIMIT = 1.1  # the classic split R-hat cut (Gelman et al., BDA3)
-TUNE_MODES = ("burn_in", "always", "never")
+MIN_ACCEPTANCE = 0.05  # below this after burn-in a chain has hardly moved (MALA's target is about 0.57)
 
 
 class ConvergenceWarning(RuntimeWarning):
-    """GP-GRIEF-I's chains disagree: split R-hat above 1.1."""
+    """GP-GRIEF-I's chains have not converged: split R-hat above 1.1 or not finite (chains that never moved), or an
+    acceptance rate after burn-in below 0.05."""
 
 
 # --- the two evidence solvers ------------------------------------------------------------------------------------
@@ -143,8 +146,10 @@ class GRIEFI(GRIEF):
             (defaults 10,000 / 1,000 / 50: 179 samples per chain, the paper's).
         n_chains: independent chains, all started at the prior mode (default 2, so that split R-hat compares
             chains).
-        step_size: MALA's initial step h (0.4, the official tutorial's); tuned every 1000 iterations.
-        tune: ``"burn_in"`` (default) tunes h during burn-in only; ``"always"`` as the official code (an adaptive
+        step_size: MALA's initial step h (0.4, the official tutorial's).
+        tune: ``"burn_in"`` (default): h adapts after every burn-in iteration toward an acceptance rate of 0.574
+            (Robbins-Monro), then stays fixed for the kept samples; ``"always"``: the official code's rule (every
+            1000 iterations, x0.7 below 0.2 and x1.2 above 0.6 cumulative acceptance, never stopping: an adaptive
             chain); ``"never"``.
         jacobian: include the exp transform's Jacobian ``sum(x)`` in the target (default True, the stated posterior);
             False drops it as the official code does (which samples softplus-transformed parameters).
@@ -156,7 +161,8 @@ class GRIEFI(GRIEF):
     After :meth:`fit_posterior`: ``mcmc_summary_`` (a dict of floats: acceptance rates, step sizes, split R-hat and
     ESS, their worst values over (log u, log sigma^2) and sigma^2's own, the posterior mean of sigma^2), ``solver_``
     (the solver used) and ``cache["samples"]`` [C, S, q + 1] (the kept x = (log u, log sigma^2), saved with the
-    model). A :class:`ConvergenceWarning` says when the largest split R-hat exceeds 1.1.
+    model). A :class:`ConvergenceWarning` says when a chain accepted fewer than 5% of its proposals after burn-in, or
+    the largest split R-hat exceeds 1.1 or is not finite.
     """
 
     trainable = False
@@ -240,17 +246,12 @@ class GRIEFI(GRIEF):
         mean, cov = solver.weight_moments(x[:, :-1].exp(), noise)
         self.cache = {**self.spectrum_cache(spectrum), "weight_mean": mean, "weight_cov": cov,
                       "samples": result.samples}
+        # likelihood.predictive then adds E[sigma^2]: the mixture's variance of y* is E[var f*] + Var[mean f*] +
+        # E[sigma^2]
         self._set_noise(noise.mean())
         self.solver_ = solver.name
         self.mcmc_summary_ = _summarise(result)
-        _warn_if_unconverged(self.mcmc_summary_, self.n_iterations, self.n_chains)
-
-    def _set_noise(self, value: Tensor) -> None:
-        """Set the likelihood's sigma^2 to ``value`` (within its floor), so that ``likelihood.predictive`` adds the
-        posterior mean of sigma^2: the mixture's variance of y* is E[var f*] + Var[mean f*] + E[sigma^2]."""
-        lik = self.likelihood
-        excess = (value - lik.noise_floor).clamp_min(torch.finfo(CORE).tiny)
-        lik.raw_noise.copy_(inverse_softplus(excess).to(lik.raw_noise))
+        _warn_if_unconverged(self.mcmc_summary_, self)
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """The mixture's mean ``phi*^T m`` and latent variance ``phi*^T C phi*`` [c]; O(c p^2)."""
@@ -289,14 +290,27 @@ def _finite_or_nan(reduce, values: np.ndarray) -> float:
     return float(reduce(kept)) if kept.size else math.nan
 
 
-def _warn_if_unconverged(summary: dict[str, float], n_iterations: int, n_chains: int) -> None:
-    if summary["rhat_max"] > RHAT_LIMIT:
-        warnings.warn(
-            f"GP-GRIEF-I's MCMC has not converged: the largest split R-hat is {summary['rhat_max']:.3g} "
-            f"(sigma^2: {summary['rhat_noise']:.3g}; want <= {RHAT_LIMIT}). Run more iterations (n_iterations, now "
-            f"{n_iterations}) or more chains (n_chains, now {n_chains}); acceptance rates were "
-            f"{summary['acceptance_rate_min']:.2f}-{summary['acceptance_rate_max']:.2f}.",
-            ConvergenceWarning, stacklevel=4)  # past fit_posterior's no_grad wrapper, to its caller
+def _warn_if_unconverged(summary: dict[str, float], model: GRIEFI) -> None:
+    """One :class:`ConvergenceWarning` listing what is wrong with the chains and what to change."""
+    problems = []
+    if summary["acceptance_rate_min"] < MIN_ACCEPTANCE:
+        problems.append(
+            f"a chain accepted {summary['acceptance_rate_min']:.3f} of its proposals after burn-in (want about "
+            f"0.57), with step size {summary['step_size_min']:.3g} (initially step_size={model.step_size}): lengthen "
+            f"burn_in (now {model.burn_in}) so that tune='burn_in' can adapt it (now tune={model.tune!r}), or "
+            f"lower step_size")
+    if not math.isfinite(summary["rhat_max"]):
+        problems.append(f"split R-hat is {summary['rhat_max']} (chains that never moved, or fewer than 4 kept "
+                        f"samples per chain): check the acceptance rates and keep more samples")
+    elif summary["rhat_max"] > RHAT_LIMIT:
+        problems.append(
+            f"the largest split R-hat is {summary['rhat_max']:.3g} (sigma^2: {summary['rhat_noise']:.3g}; want <= "
+            f"{RHAT_LIMIT}): run more iterations (n_iterations, now {model.n_iterations}) or more chains "
+            f"(n_chains, now {model.n_chains}); acceptance rates were {summary['acceptance_rate_min']:.2f}-"
+            f"{summary['acceptance_rate_max']:.2f}")
+    if problems:
+        warnings.warn("GP-GRIEF-I's MCMC has not converged: " + "; ".join(problems) + ".", ConvergenceWarning,
+                      stacklevel=4)  # past fit_posterior's no_grad wrapper, to its caller
 
 
 def _check_mcmc_options(model: GRIEFI) -> None:

@@ -53,6 +53,9 @@ def test_models_have_the_papers_initialisation():
         assert model.noise.item() == pytest.approx(1e-2, rel=1e-6) and model.likelihood.noise_floor == 1e-6
     assert gp.key == "exact" and gp.kernel.lengthscale.item() == pytest.approx(1.0)  # sqrt(d), d = 1
     assert corrected.correction and not uncorrected.correction and corrected.n_basis == 8
+    assert not corrected.kernel.scale_basis  # the paper's: no 1/sqrt(r) unless asked for
+    assert all(build_model(name, Training(n_basis=8, width=16, scale_basis=True)).kernel.scale_basis
+               for name in ("dbk", "dbk-c"))
     with pytest.raises(ValueError, match="iterations to be a positive integer"):
         Training(iterations=0)
 

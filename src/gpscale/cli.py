@@ -97,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
     q.add_argument("--n-basis", type=int, default=None, help="DBK's r (default 128)")
     q.add_argument("--width", type=int, default=None, help="hidden units of DBK's MLP (default 128)")
+    q.add_argument("--scale-basis", action="store_true", default=None,
+                   help="divide DBK's network output by sqrt(r) (not the paper's; see docs/dbk.md)")
     q.add_argument("--dtype", choices=["float64", "float32"], default=None, help="default float64")
     q.add_argument("--device", default=None, help="default cpu")
     q.set_defaults(run=_figures_dbk)
@@ -207,7 +209,7 @@ def _figures_dbk(args) -> None:
     def given(*names):  # only what was given, so that the defaults live in one place: figures_dbk
         return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
-    training = Training(**given("iterations", "lr", "n_basis", "width", "dtype", "device"))
+    training = Training(**given("iterations", "lr", "n_basis", "width", "scale_basis", "dtype", "device"))
     settings = given("n", "seeds", "n_test", "exact_max_n")
     if args.sizes is not None:
         settings["sizes"] = tuple(args.sizes)

@@ -61,13 +61,15 @@ N_TEST = 1_000
 @dataclass(frozen=True)
 class Training:
     """How every model is trained (spec §8.2, synthetic data): ``iterations`` full-batch Adam steps at ``lr``;
-    DBK with ``n_basis`` bases from a 2-layer tanh MLP of ``width`` units. ``dtype`` is that of the data, the
-    networks and the GP (DBK's r x r algebra is float64 whatever it is)."""
+    DBK with ``n_basis`` bases from a 2-layer tanh MLP of ``width`` units (divided by sqrt(r) with
+    ``scale_basis``, not the paper's). ``dtype`` is that of the data, the networks and the GP (DBK's r x r algebra
+    is float64 whatever it is)."""
 
     iterations: int = 10_000
     lr: float = 1e-3
     n_basis: int = 128
     width: int = 128
+    scale_basis: bool = False
     dtype: str = "float64"
     device: str = "cpu"
 
@@ -118,7 +120,8 @@ def build_model(name: str, training: Training) -> GPModel:
         model = get_model_class("exact")(1, kernel="rbf", lengthscale=1.0, **noise)
     elif name in ("dbk", "dbk-c"):
         model = get_model_class("dbk")(1, n_basis=training.n_basis, network="mlp", depth=2, width=training.width,
-                                       activation="tanh", correction=name == "dbk", **noise)
+                                       activation="tanh", correction=name == "dbk",
+                                       scale_basis=training.scale_basis, **noise)
     else:
         raise ValueError(f"Unknown model {name!r}; expected one of {MODELS}.")
     return model.to(dtype=training.torch_dtype, device=training.device)

@@ -25,3 +25,12 @@ def toy_regression(n=200, d=2, seed=0, noise=0.1, dtype=torch.float64):
     X = torch.rand(n, d, generator=g, dtype=dtype) * 4 - 2
     f = torch.sin(2 * X[:, 0]) + 0.5 * torch.cos(3 * X[:, -1]) + 0.3
     return X, f + noise * torch.randn(n, generator=g, dtype=dtype)
+
+
+def sine_problem(n, seed):
+    """GRIEF's 2-D problem: X [n, 2] uniform on [-3, 3]^2, f = sin(x1) sin(x2) [n], y = f + N(0, 0.1^2) [n]
+    (float64, seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 2, generator=g, dtype=torch.float64) * 6 - 3
+    f = torch.sin(X[:, 0]) * torch.sin(X[:, 1])
+    return X, f, f + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)

@@ -7,14 +7,15 @@ from functools import reduce
 import numpy as np
 import pytest
 import torch
+from conftest import sine_problem
 from torch.distributions import MultivariateNormal
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import gpscale
 from gpscale import GPRegressor
-from gpscale.kernels import inverse_softplus
 from gpscale.data import load_dataset
+from gpscale.kernels import inverse_softplus
 from gpscale.kernels.grid import (
     cross_factors,
     factor_eigh,
@@ -30,7 +31,6 @@ from gpscale.models.exact import ExactGP
 from gpscale.models.grief import (
     GRIEF,
     _minimise_lbfgsb,
-    evidence_maximising_noise,
     orthogonal_log_likelihood,
     orthogonal_predict,
     orthogonalise,
@@ -587,13 +587,6 @@ def test_an_uninitialised_model_says_what_to_do():
         GRIEF(2).loss(torch.zeros(3, 2, dtype=F64), torch.zeros(3, dtype=F64), num_data=3)
 
 
-def sine_problem(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.rand(n, 2, generator=g, dtype=F64) * 6 - 3
-    f = torch.sin(X[:, 0]) * torch.sin(X[:, 1])
-    return X, f, f + 0.1 * torch.randn(n, generator=g, dtype=F64)
-
-
 def test_training_initialises_from_an_exact_gp_and_matches_its_accuracy():
     X, _, y = sine_problem(200, 10)
     X_test, f_test, _ = sine_problem(400, 11)
@@ -612,7 +605,7 @@ def test_training_initialises_from_an_exact_gp_and_matches_its_accuracy():
 def test_the_evidence_maximising_noise_is_the_dense_evidences_argmax(n, p):
     Phi, y, _ = random_problem(n, p, seed=3)
     y = Phi @ torch.randn(p, generator=torch.Generator().manual_seed(4), dtype=F64) + 0.3 * y
-    found = evidence_maximising_noise(statistics(Phi, y), 1e-4, 1e4)
+    found = _linear.evidence_maximising_noise(statistics(Phi, y), 1e-4, 1e4)
     grid = torch.logspace(-4, 4, 4001, dtype=F64)  # steps of 0.5%
     dense = torch.stack([dense_log_evidence(Phi @ Phi.T, y, s2) for s2 in grid])
     assert found == pytest.approx(grid[dense.argmax()].item(), rel=0.01)
@@ -621,8 +614,8 @@ def test_the_evidence_maximising_noise_is_the_dense_evidences_argmax(n, p):
         assert found == pytest.approx(1e-4, rel=1e-9)
     else:  # an interior maximum; a box that excludes it gives its nearer end
         assert 1e-3 < found < 1
-        assert evidence_maximising_noise(statistics(Phi, y), 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
-        assert evidence_maximising_noise(statistics(Phi, y), 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
+        assert _linear.evidence_maximising_noise(statistics(Phi, y), 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
+        assert _linear.evidence_maximising_noise(statistics(Phi, y), 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
 
 
 def interpolating_problem():

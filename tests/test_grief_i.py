@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import sine_problem
 from scipy import optimize, stats
 
 import gpscale
@@ -13,7 +14,12 @@ from gpscale import GPRegressor
 from gpscale.kernels import inverse_softplus
 from gpscale.linalg import NotPSDError
 from gpscale.models import get_model_class, grief_i
-from gpscale.models.grief import GRIEF, orthogonal_predict, orthogonalise, reweighted_predict
+from gpscale.models.grief import (
+    GRIEF,
+    orthogonal_predict,
+    orthogonalise,
+    reweighted_predict,
+)
 from gpscale.models.grief_i import GRIEFI, ConvergenceWarning
 from gpscale.train import fit
 
@@ -225,13 +231,6 @@ def test_a_tight_prior_at_w1_gives_the_type2_posterior_at_the_same_theta(solver)
 
 
 # --- training, regression, diagnostics, persistence ---------------------------------------------------------------
-def sine_problem(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.rand(n, 2, generator=g, dtype=F64) * 6 - 3
-    f = torch.sin(X[:, 0]) * torch.sin(X[:, 1])
-    return X, f, f + 0.1 * torch.randn(n, generator=g, dtype=F64)
-
-
 def test_regression_matches_type2_with_diagnostics_and_round_trips():
     X, _, y = sine_problem(150, 10)
     X_test, f_test, y_test = sine_problem(200, 11)

@@ -422,10 +422,8 @@ def test_20_training_smoke():
     assert model.kernel.lengthscale.numel() == 1  # one shared lengthscale by default
 
 
-def test_21_every_full_data_pass_is_chunked():
-    X, y, _, _ = smoke_data()
-    model = SoftKI(5, n_inducing=32, chunk_size=500, calibrate_noise="variance").double()
-    model.init(X, y)
+def rows_weighted(model, action):
+    """The row counts of every ``model.weights`` call (one per chunk of a data pass) while ``action()`` runs."""
     rows = []
     original = model.weights
 
@@ -434,8 +432,15 @@ def test_21_every_full_data_pass_is_chunked():
         return original(Xq)
 
     with patch.object(model, "weights", spy):
-        model.fit_posterior(X, y)
-        model.log_marginal_likelihood(X, y)
+        action()
+    return rows
+
+
+def test_21_every_full_data_pass_is_chunked():
+    X, y, _, _ = smoke_data()
+    model = SoftKI(5, n_inducing=32, chunk_size=500, calibrate_noise="variance").double()
+    model.init(X, y)
+    rows = rows_weighted(model, lambda: (model.fit_posterior(X, y), model.log_marginal_likelihood(X, y)))
     assert sum(rows) == 3 * 2700 and max(rows) <= 500  # statistics, the mean's QR fit, evidence: 3 passes
 
 
@@ -444,15 +449,7 @@ def test_variance_calibration_reads_the_data_once_per_statistic(solver, passes):
     X, y, _, _ = smoke_data()
     model = SoftKI(5, n_inducing=32, chunk_size=500, solver=solver, calibrate_noise="variance").double()
     model.init(X, y)
-    rows = []
-    original = model.weights
-
-    def spy(Xq):
-        rows.append(Xq.shape[0])
-        return original(Xq)
-
-    with patch.object(model, "weights", spy):
-        model.fit_posterior(X, y)
+    rows = rows_weighted(model, lambda: model.fit_posterior(X, y))
     assert sum(rows) == passes * 2700  # the Cholesky solver takes the trained mean from the same statistics
 
 

@@ -43,6 +43,7 @@ from .. import metrics
 from ..models import get_model_class
 from ..models.base import GPModel
 from ..train import fit
+from . import plotting
 
 __all__ = ["MODELS", "Training", "build_model", "figure1", "figure3", "held_out_scores", "make_figures",
            "make_step_data", "principal_directions", "spectrum_summary", "step_function", "train_model"]
@@ -203,7 +204,7 @@ def figure1(out_dir: str | Path, *, n: int = FIG1_N, seed: int = 0, n_test: int 
             training: Training = Training(), log: Callable[[str], None] = print) -> dict:
     """Train the three models on n points, draw ``dbk_fig1_posterior_kernel.png`` and ``dbk_fig1_bases.png``
     and write ``dbk_fig1_summary.json`` (returned as a dict) in ``out_dir``."""
-    out = _out_dir(out_dir)
+    out = plotting.out_dir(out_dir)
     x, y, x_test, y_test = make_step_data(n, seed, n_test)
     fits, summary = {}, {"n": n, "seed": seed, "n_test": n_test, "training": asdict(training), "models": {}}
     for name in MODELS:
@@ -217,7 +218,7 @@ def figure1(out_dir: str | Path, *, n: int = FIG1_N, seed: int = 0, n_test: int 
         summary["models"][name] = row
         log(f"fig1 {name:<6} n={n}  noise {row['noise']:.3g}  rmse {row['rmse']:.4f}  nlpd {row['nlpd']:.3f}  "
             f"cov {row['coverage']:.3f}  {trained.seconds:.1f} s")
-    plt = _pyplot()
+    plt = plotting.pyplot()
     _plot_posterior_kernel(plt, fits, x, y, out / "dbk_fig1_posterior_kernel.png")
     _plot_bases(plt, fits, x, out / "dbk_fig1_bases.png")
     (out / "dbk_fig1_summary.json").write_text(json.dumps(summary, indent=1))
@@ -288,7 +289,7 @@ def figure3(out_dir: str | Path, *, sizes: tuple[int, ...] = FIG3_SIZES, seeds: 
     (returned as a dict) in ``out_dir``. A run that fails (e.g. out of memory) is recorded with its error."""
     if not sizes or min(sizes) < 2 or seeds < 1:
         raise ValueError(f"Expected sizes >= 2 and seeds >= 1. Got sizes={sizes!r}, seeds={seeds!r}.")
-    out = _out_dir(out_dir)
+    out = plotting.out_dir(out_dir)
     runs = []
     for n in sorted(sizes):
         for seed in range(seeds):
@@ -307,7 +308,7 @@ def figure3(out_dir: str | Path, *, sizes: tuple[int, ...] = FIG3_SIZES, seeds: 
                 log(_run_line(run))
     result = {"sizes": sorted(sizes), "seeds": seeds, "n_test": n_test, "exact_max_n": exact_max_n,
               "training": asdict(training), "runs": runs}
-    _plot_scaling(_pyplot(), runs, out / "dbk_fig3_scaling.png")
+    _plot_scaling(plotting.pyplot(), runs, out / "dbk_fig3_scaling.png")
     (out / "dbk_fig3_scaling.json").write_text(json.dumps(result, indent=1))
     return result
 
@@ -353,7 +354,7 @@ def make_figures(out_dir: str | Path, *, only: str | None = None, n: int = FIG1_
     """Fig. 1 and Fig. 3 (or ``only='fig1'`` / ``'fig3'``) in ``out_dir``; returns the files written."""
     if only not in (None, "fig1", "fig3"):
         raise ValueError(f"only must be None, 'fig1' or 'fig3', got {only!r}.")
-    out = _out_dir(out_dir)
+    out = plotting.out_dir(out_dir)
     written = []
     if only in (None, "fig1"):
         figure1(out, n=n, n_test=n_test, training=training, log=log)
@@ -362,20 +363,3 @@ def make_figures(out_dir: str | Path, *, only: str | None = None, n: int = FIG1_
         figure3(out, sizes=sizes, seeds=seeds, n_test=n_test, exact_max_n=exact_max_n, training=training, log=log)
         written += [out / f for f in ("dbk_fig3_scaling.png", "dbk_fig3_scaling.json")]
     return written
-
-
-def _out_dir(path: str | Path) -> Path:
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError("The figures need matplotlib: pip install 'gpscale[bench]'.") from err
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt

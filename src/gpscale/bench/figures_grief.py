@@ -39,7 +39,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..kernels.grid import cross_factors, factor_eigh, grid_factors, grid_points, grief_features, top_eigenvalues
+from ..kernels.grid import (
+    cross_factors,
+    factor_eigh,
+    grid_factors,
+    grid_points,
+    grief_features,
+    top_eigenvalues,
+)
+from . import plotting
 
 __all__ = ["METHODS", "P_LIST", "figure2", "grief_factor", "nystrom_factor", "optimal_errors", "rff_factor",
            "relative_errors", "sample_inputs", "se_kernel"]
@@ -150,8 +158,7 @@ def figure2(out_dir: str | Path, *, n: int = N, d: int = D, repeats: int = REPEA
     ps = tuple(sorted(set(int(p) for p in ps)))
     lengthscale = math.sqrt(d) if lengthscale is None else float(lengthscale)
     _check(n=n, d=d, repeats=repeats, ps=ps, grid_size=grid_size, lengthscale=lengthscale)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = plotting.out_dir(out_dir)
     runs, tic = [], time.perf_counter()
     for repeat in range(repeats):
         start = time.perf_counter()
@@ -189,7 +196,7 @@ def _check(*, n, d, repeats, ps, grid_size, lengthscale) -> None:
 
 
 def _plot(result: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = plotting.pyplot()
     settings, ps = result["settings"], result["settings"]["p"]
     titles = {"train": f"(a) training covariance ({settings['n_train']} points)",
               "joint": f"(b) joint train/test covariance ({settings['n']} points)"}
@@ -208,14 +215,3 @@ def _plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise RuntimeError("The figures need matplotlib: pip install 'gpscale[bench]'.") from err
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt

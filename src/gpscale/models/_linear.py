@@ -29,6 +29,7 @@ from ..distributed import LOCAL, Comm
 from ..linalg import StreamingQR, cholesky, logdet_from_cholesky, solve_lower
 
 __all__ = ["Statistics", "Collapsed", "accumulate", "collapse_cholesky", "collapse_qr", "residual_quad",
+           "evidence_maximising_noise",
            "log_evidence", "predict_linear"]
 
 CORE = torch.float64
@@ -175,3 +176,36 @@ def predict_linear(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> tuple[Tenso
     mean = Phi @ weight_mean
     var = (solve_lower(L_B, Phi.T) ** 2).sum(0)  # ||L_B^{-1} phi||^2 >= 0 by construction
     return mean, var
+
+
+def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, grid_points: int = 400) -> float:
+    """``argmax_{sigma^2 in [lower, upper]} log N(y | 0, Phi Phi^T + sigma^2 I)`` with the features fixed.
+
+    From the streamed statistics ``A = Phi^T Phi = V diag(lam) V^T``, ``b = Phi^T y`` and ``yy``, with
+    ``g = V^T b``, every evaluation is O(m):
+
+        log p = -n/2 log(2 pi sigma^2) - 1/2 sum_i log(1 + lam_i / sigma^2)
+                - 1/2 (yy / sigma^2 - sum_i g_i^2 / (sigma^2 (sigma^2 + lam_i))).
+
+    A grid of ``grid_points`` in log sigma^2, then Brent's method between the best point's neighbours: the
+    evidence can have more than one local maximum, and the grid keeps the search off a poor one.
+    """
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+
+    lam, V = torch.linalg.eigh(stats.A.to(CORE))
+    lam = lam.clamp_min(0.0).cpu().numpy()  # A is a Gram matrix; negative eigenvalues are round-off
+    g2 = ((V.T @ stats.b.to(CORE)) ** 2).cpu().numpy()
+    yy, n = float(stats.yy), stats.n
+
+    def negative(log_s2: float) -> float:
+        s2 = math.exp(log_s2)
+        return 0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
+                      + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
+
+    grid = np.linspace(math.log(lower), math.log(upper), grid_points)
+    values = [negative(t) for t in grid]
+    best = int(np.argmin(values))
+    refined = minimize_scalar(negative, bounds=(grid[max(best - 1, 0)], grid[min(best + 1, grid_points - 1)]),
+                              method="bounded", options={"xatol": 1e-10})
+    return math.exp(min((refined.fun, refined.x), (values[best], grid[best]))[1])

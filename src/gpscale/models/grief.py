@@ -21,7 +21,7 @@ piecewise smooth (pitfall 9); the gradient is exact within each piece.
 Initialisation (:meth:`GRIEF.initialise_from_exact_gp`): theta from an exact SE-ARD GP on at most 1000 rows, as the
 paper, but fitted by L-BFGS-B inside a box (each hyperparameter within a factor 10^4 of its data scale), and by
 default (``init_noise="grief"``) sigma^2 from the GRIEF model itself: the maximiser of its evidence at that theta, a
-1-D search on the statistics of all training rows (:func:`evidence_maximising_noise`). The paper copies the exact
+1-D search on the statistics of all training rows (:func:`_linear.evidence_maximising_noise`). The paper copies the exact
 GP's sigma^2 (``init_noise="exact"``), which on near-noiseless small sets is an interpolating GP's: sigma^2 at
 its floor, where the low-rank GRIEF kernel has a huge loss and Adam in softplus space cannot move it.
 
@@ -40,7 +40,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from scipy.optimize import minimize, minimize_scalar
+from scipy.optimize import minimize
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -62,7 +62,7 @@ from .exact import ExactGP
 
 __all__ = ["GRIEF", "GridSpectrum", "OrthogonalBasis", "paper_n_eigen", "weighted", "reweighted_log_likelihood",
            "reweighted_predict", "orthogonalise", "orthogonal_log_likelihood", "orthogonal_predict",
-           "evidence_maximising_noise", "INIT_NOISE"]
+           "INIT_NOISE"]
 
 LOG_2PI = math.log(2 * math.pi)
 INIT_NOISE = ("grief", "exact")
@@ -73,7 +73,6 @@ INIT_NOISE = ("grief", "exact")
 # below it lie the interpolating GPs that near-noiseless small sets (slump, wine) pull the evidence toward. It also
 # keeps the raw (softplus) noise above about -9.2, where Adam moves it in tens of steps.
 INIT_RANGE = 1e4
-NOISE_GRID = 64  # points of the coarse search in log sigma^2 (spacing 0.29 over the 10^8 range)
 # What the exact-GP fit reports where the loss cannot be evaluated: far above any loss per point of a GP that can, and
 # finite, since scipy's L-BFGS-B stops at once ("converged") on inf or NaN, whereas it backtracks from a large value
 FAILED_LOSS = 1e10
@@ -156,28 +155,6 @@ def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) 
     q = basis.r.shape[0]
     return -0.5 * (basis.rss / s2 + (basis.r**2 / total).sum() + total.log().sum()
                    + (basis.n - q) * s2.log() + basis.n * LOG_2PI)
-
-
-def evidence_maximising_noise(stats: _linear.Statistics, lower: float, upper: float) -> float:
-    """The sigma^2 in [lower, upper] that maximises the w = 1 evidence ``log N(y | 0, Phi Phi^T + sigma^2 I)`` of
-    fixed features, from their statistics: one O(p^3) :func:`orthogonalise`, then O(q) per evaluation of
-    :func:`orthogonal_log_likelihood` at ``w~ = s^2`` (equal to eq. 18 up to directions with s^2 <= 1e-12 max s^2).
-
-    A grid of ``NOISE_GRID`` points in log sigma^2, then a bounded Brent search between the best point's neighbours:
-    the evidence need not be unimodal in sigma^2, and the grid keeps the search off a poor local maximum.
-    """
-    basis = orthogonalise(stats)
-    weights = basis.s**2
-
-    def negative(log_noise: float) -> float:
-        return -orthogonal_log_likelihood(weights, torch.tensor(math.exp(log_noise), dtype=CORE), basis).item()
-
-    grid = np.linspace(math.log(lower), math.log(upper), NOISE_GRID)
-    values = [negative(t) for t in grid]
-    best = int(np.argmin(values))
-    refined = minimize_scalar(negative, bounds=(grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]),
-                              method="bounded", options={"xatol": 1e-6})
-    return math.exp(min((refined.fun, refined.x), (values[best], grid[best]))[1])
 
 
 def orthogonal_predict(Phi: Tensor, w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:
@@ -297,10 +274,10 @@ class GRIEF(GPModel):
 
     def max_evidence_noise(self, X: Tensor, y: Tensor) -> Tensor:
         """The sigma^2 that maximises this model's evidence on (X, y) at the current theta, within
-        :func:`_noise_range` (one statistics pass, O(n p^2), then a 1-D search: :func:`evidence_maximising_noise`)."""
+        :func:`_noise_range` (one statistics pass, O(n p^2), then a 1-D search: :func:`_linear.evidence_maximising_noise`)."""
         stats = self.statistics(X, y)
         lower, upper = _noise_range(stats.yy.item() / stats.n, self.likelihood.noise_floor)
-        return torch.tensor(evidence_maximising_noise(stats, lower, upper), dtype=CORE)
+        return torch.tensor(_linear.evidence_maximising_noise(stats, lower, upper), dtype=CORE)
 
     def _set_noise(self, value: Tensor) -> None:
         """Set the likelihood's sigma^2 to ``value``: raw = inverse_softplus(value - floor), within the floor."""

@@ -27,9 +27,7 @@ beta^2 is fixed at 1e-3 by default, as in the paper.
 """
 from __future__ import annotations
 
-import math
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -247,36 +245,10 @@ class SoftKI(GPModel):
         super().clear_cache()
 
     def evidence_optimal_noise(self, stats: _linear.Statistics) -> float:
-        """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed.
-
-        From the streamed statistics ``A = Phi^T Phi = V diag(lam) V^T``, ``b = Phi^T y`` and ``yy``, with
-        ``g = V^T b``, for every beta^2 (O(m) each):
-
-            log p = -n/2 log(2 pi beta^2) - 1/2 sum_i log(1 + lam_i / beta^2)
-                    - 1/2 (yy / beta^2 - sum_i g_i^2 / (beta^2 (beta^2 + lam_i))).
-
-        The search is over log beta^2 in [noise_floor + 1e-8, 10 yy / n]: a grid of 400 points, then Brent's
-        method between the best point's neighbours (the evidence can have more than one local maximum).
-        """
-        from scipy.optimize import minimize_scalar
-
-        lam, V = torch.linalg.eigh(stats.A)
-        lam = lam.clamp_min(0.0).cpu().numpy()  # A is a Gram matrix; negative eigenvalues are round-off
-        g2 = ((V.T @ stats.b) ** 2).cpu().numpy()
-        yy, n = float(stats.yy), stats.n
-
-        def neg_log_evidence(log_s2: float) -> float:
-            s2 = math.exp(log_s2)
-            return 0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
-                          + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
-
-        lo = math.log(self.likelihood.noise_floor + 1e-8)
-        hi = math.log(max(10.0 * yy / n, 1e-6))
-        grid = np.linspace(lo, hi, 400)
-        best = int(np.argmin([neg_log_evidence(t) for t in grid]))
-        bracket = (grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)])
-        result = minimize_scalar(neg_log_evidence, bounds=bracket, method="bounded", options={"xatol": 1e-10})
-        return math.exp(result.x)
+        """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed, over
+        [noise_floor + 1e-8, 10 yy / n] (:func:`_linear.evidence_maximising_noise`)."""
+        return _linear.evidence_maximising_noise(stats, self.likelihood.noise_floor + 1e-8,
+                                                 max(10.0 * float(stats.yy) / stats.n, 1e-6))
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Latent mean ``w(x*)^T L_zz E[v]`` and variance ``||L_B^{-1} L_zz^T w(x*)||^2`` [c] (spec §5.3)."""

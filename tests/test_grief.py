@@ -22,15 +22,15 @@ from gpscale.kernels.grid import (
     grid_factors,
     grid_points,
     grief_features,
+    interpolated_kernel,
     se_factor,
     top_eigenvalues,
 )
-from gpscale.linalg import NotPSDError, NumericalWarning
+from gpscale.linalg import NotPSDError, NumericalWarning, conjugate_gradients
 from gpscale.models import _linear, get_model_class
 from gpscale.models.exact import ExactGP
 from gpscale.models.grief import (
     GRIEF,
-    _minimise_lbfgsb,
     orthogonal_log_likelihood,
     orthogonal_predict,
     orthogonalise,
@@ -241,12 +241,60 @@ def grief_pipeline(X, grid_size, p, lengthscale):
     return grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl), lams, logl, idxs
 
 
+def test_19_the_grief_preconditioner_cuts_conjugate_gradient_iterations():
+    g = torch.Generator().manual_seed(19)
+    X = torch.rand(2000, 4, generator=g, dtype=F64) * 2 - 1
+    model = GRIEF(4, n_eigen=100, grid_size=10, init_exact_points=0, lengthscale=0.7, noise=1e-2).double()
+    model.init(X, torch.zeros(2000, dtype=F64))
+    lengthscale, outputscale = model.hyperparameters()
+    K = outputscale * se_ard(X, X, lengthscale) + model.noise * torch.eye(2000, dtype=F64)
+    b = torch.randn(2000, generator=g, dtype=F64)
+    M_inv = model.preconditioner(X)
+    Phi = model.features(X)
+    torch.testing.assert_close(M_inv(b), torch.linalg.solve(Phi @ Phi.T + model.noise * torch.eye(2000, dtype=F64),
+                                                            b), rtol=1e-8, atol=1e-8)
+    x_plain, plain = conjugate_gradients(lambda v: K @ v, b, tol=1e-8)
+    x_pre, preconditioned = conjugate_gradients(lambda v: K @ v, b, preconditioner=M_inv, tol=1e-8)
+    exact = torch.linalg.solve(K, b)
+    for x in (x_plain, x_pre):
+        assert torch.linalg.vector_norm(K @ x - b) <= 1.01e-8 * torch.linalg.vector_norm(b)
+        torch.testing.assert_close(x, exact, rtol=1e-5, atol=1e-5)
+    assert preconditioned < plain / 3, (preconditioned, plain)
+
+
+def test_conjugate_gradients_warns_when_it_runs_out_of_iterations():
+    A = torch.diag(torch.logspace(0, 6, 50, dtype=F64))
+    with pytest.warns(NumericalWarning, match="Raise max_iterations"):
+        _, iterations = conjugate_gradients(lambda v: A @ v, torch.ones(50, dtype=F64), max_iterations=5)
+    assert iterations == 5
+
+
+def test_20_ski_identity_for_khatri_rao_interpolation():
+    s = setting()
+    g = torch.Generator().manual_seed(20)
+    n = s["X"].shape[0]
+    E = []
+    for mbar in (4, 5, 3):  # random sparse interpolation weights: two non-zeros per row, as local interpolation
+        dense = torch.zeros(n, mbar, dtype=F64)
+        cols = torch.randint(0, mbar - 1, (n,), generator=g)
+        dense[torch.arange(n), cols] = torch.rand(n, generator=g, dtype=F64)
+        dense[torch.arange(n), cols + 1] = torch.rand(n, generator=g, dtype=F64)
+        E.append(dense)
+    E_full = reduce(lambda A, B: (A[:, :, None] * B[:, None, :]).reshape(n, -1), E)  # [n, m], row-wise Khatri-Rao
+    K_full = kron(s["Ks"])
+    expected = E_full @ K_full @ E_full.T
+    torch.testing.assert_close(interpolated_kernel(E, s["Ks"]), expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(interpolated_kernel([e.to_sparse() for e in E], s["Ks"], rows=slice(5, 9)),
+                               expected[5:9], rtol=1e-12, atol=1e-14)
+
+
 def test_18_algorithm1_and_the_features_never_allocate_anything_of_size_m():
     g = torch.Generator().manual_seed(4)
     X = torch.rand(20, 6, generator=g, dtype=F64) * 2 - 1  # m = 10^6
     with LargestTensor() as probe:
         Phi, _, _, idxs = grief_pipeline(X, 10, 50, 1.0)
-    assert probe.numel <= max(10 * 50, 20 * 50)  # mbar p (Algorithm 1's candidates), n p (Phi); m = 10^6
+    # mbar p (Algorithm 1's candidates), n p (Phi), d mbar p (the one-hot selection of R's columns); m = 10^6
+    assert probe.numel <= max(10 * 50, 20 * 50, 6 * 10 * 50)
     assert Phi.shape == (20, 50) and idxs.shape == (50, 6)
     lams = [factor_eigh(K)[0] for K in grid_factors(grid_points(X, 10), torch.ones(6, dtype=F64),
                                                      torch.tensor(1.0, dtype=F64))]
@@ -694,24 +742,6 @@ def test_a_failed_exact_gp_keeps_the_constructors_theta_with_a_warning(monkeypat
     torch.testing.assert_close(model.kernel.lengthscale, torch.full((2,), 0.9, dtype=F64))
     assert model.kernel.outputscale.item() == pytest.approx(1.1)
     assert model.noise.item() == pytest.approx(model.max_evidence_noise(X, y).item())  # still GRIEF's own
-
-
-def test_the_bounded_fit_backtracks_from_points_it_cannot_evaluate_and_keeps_the_best():
-    x = torch.zeros(1, dtype=F64, requires_grad=True)
-
-    def loss():  # minimum at 2, but nothing can be evaluated beyond 1 (as a failed Cholesky)
-        if x.item() > 1:
-            raise NotPSDError("not positive definite")
-        return (x - 2).pow(2).sum()
-
-    assert _minimise_lbfgsb(loss, [x], [(-10.0, 10.0)], 100)
-    assert 0.9 < x.item() <= 1  # scipy would have stopped at 0 on an infinite loss
-
-    def never():
-        raise NotPSDError("not positive definite")
-
-    x.data.fill_(-3.0)
-    assert not _minimise_lbfgsb(never, [x], [(-10.0, 10.0)], 100) and x.item() == -3.0
 
 
 @pytest.mark.skipif(not os.environ.get("GPSCALE_DATA"), reason="GPSCALE_DATA not set")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from gpscale.linalg import NotPSDError, NumericalWarning, StreamingQR, cholesky, qr_lstsq, qr_r
+from gpscale.linalg import NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, qr_lstsq, qr_r
 
 
 def spd(n, seed=0):
@@ -77,3 +77,14 @@ def test_gaussian_log_likelihood_value_and_closed_form_gradient():
                                MultivariateNormal(torch.zeros(6, dtype=torch.float64), K).log_prob(y))
     # symmetric perturbations only: K lives on the symmetric matrices
     assert torch.autograd.gradcheck(lambda A, b: gaussian_log_likelihood((A + A.T) / 2, b), (K, y))
+
+
+def test_gram_equals_the_product_and_its_gradient_is_autograds():
+    g = torch.Generator().manual_seed(0)
+    M = torch.randn(7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    G = torch.randn(4, 4, generator=g, dtype=torch.float64)  # not symmetric: the backward must use G + G^T
+    ours = torch.autograd.grad((gram(M) * G).sum(), M)[0]
+    reference = torch.autograd.grad(((M.T @ M) * G).sum(), M)[0]
+    torch.testing.assert_close(gram(M), M.T @ M)
+    torch.testing.assert_close(ours, reference)
+    assert torch.autograd.gradcheck(gram, (M,))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import toy_regression
+from gpscale import lbfgs
 from gpscale.linalg import NotPSDError
 from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
@@ -165,3 +166,71 @@ def test_an_untrainable_model_skips_the_optimiser_and_fits_its_posterior():
     model.loss = never
     result = fit(model, X, y, epochs=5, val_fraction=0.2, progress=False)
     assert result.epochs_run == 0 and model.cache
+
+
+def test_lbfgs_reaches_the_stationary_point_adam_approaches():
+    X, y = toy_regression(n=150)
+    adam, quasi_newton = sgpr(learn_inducing=False), sgpr(learn_inducing=False)
+    quasi_newton.load_state_dict(adam.state_dict())
+    fit(adam, X, y, epochs=30, lr=0.05, progress=False)
+    result = fit(quasi_newton, X, y, epochs=200, optimizer="lbfgs", progress=False)
+    assert result.epochs_run < 200 and result.history[-1]["loss"] <= min(h["loss"] for h in result.history)
+    with torch.no_grad():
+        final = quasi_newton.loss(X, y, num_data=X.shape[0])
+        assert final < adam.loss(X, y, num_data=X.shape[0])
+    quasi_newton.train()
+    loss = quasi_newton.loss(X, y, num_data=X.shape[0])
+    grads = torch.autograd.grad(loss, [p for p in quasi_newton.parameters() if p.requires_grad])
+    assert max(g.abs().max().item() for g in grads) < 1e-3  # a stationary point of the loss
+    assert quasi_newton.cache  # posterior fitted
+
+
+def test_lbfgs_backtracks_from_points_it_cannot_evaluate_and_keeps_the_best():
+    x = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+
+    def loss():  # minimum at 2, but nothing can be evaluated beyond 1 (as a failed Cholesky)
+        if x.item() > 1:
+            raise NotPSDError("not positive definite")
+        return (x - 2).pow(2).sum()
+
+    result = lbfgs.minimise(loss, [x], bounds=[(-10.0, 10.0)], max_iterations=100)
+    assert result.evaluated and result.failures > 0
+    assert 0.9 < x.item() <= 1  # scipy would have stopped at 0 on an infinite loss
+
+    def never():
+        raise NotPSDError("not positive definite")
+
+    x.data.fill_(-3.0)
+    result = lbfgs.minimise(never, [x], bounds=[(-10.0, 10.0)], max_iterations=100)
+    assert not result.evaluated and x.item() == -3.0
+
+
+def test_lbfgs_that_can_evaluate_nothing_restarts_then_gives_up():
+    X, y = toy_regression(n=60)
+    model = sgpr()
+
+    def never(*args, **kwargs):
+        raise NotPSDError("simulated")
+
+    model.loss = never
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TrainingError, match="L-BFGS could not evaluate"):
+            fit(model, X, y, epochs=5, optimizer="lbfgs", max_restarts=1, progress=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(optimizer="sgd"), "Unknown optimizer"),
+    (dict(optimizer="lbfgs", val_fraction=0.2), "without val_fraction"),
+    (dict(optimizer="lbfgs", schedule="cosine"), "without schedule"),
+])
+def test_bad_optimizer_arguments_are_rejected(options, message):
+    X, y = toy_regression(n=20)
+    with pytest.raises(ValueError, match=message):
+        fit(sgpr(), X, y, progress=False, **options)
+
+
+def test_lbfgs_refuses_a_minibatch_model():
+    X, y = toy_regression(n=20)
+    with pytest.raises(ValueError, match="minibatches"):
+        fit(SVGP(2, n_inducing=4).double(), X, y, optimizer="lbfgs", progress=False)

@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--lr", type=float, default=None, help="default: 0.1 for full-batch methods, else 0.01")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "lbfgs"],
+                   help="lbfgs: L-BFGS-B for at most --epochs iterations (full-batch methods)")
     p.add_argument("--kernel", default="rbf")
     p.add_argument("--val-fraction", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -141,8 +143,8 @@ def _fit(args) -> None:
     X, y = np.delete(table, target, axis=1), table[:, target]
     lr = args.lr if args.lr is not None else (0.1 if get_model_class(args.method).full_batch else 0.01)
     reg = GPRegressor(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs,
-                      batch_size=args.batch_size, lr=lr, kernel=args.kernel, val_fraction=args.val_fraction,
-                      seed=args.seed, dtype=args.dtype, device=args.device, progress=not args.quiet,
+                      batch_size=args.batch_size, lr=lr, optimizer=args.optimizer, kernel=args.kernel,
+                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=args.device, progress=not args.quiet,
                       **_parse_options(args.option))
     reg.fit(X, y)
     reg.save(args.output, metadata={"feature_names": features, "target": args.target})

@@ -34,6 +34,9 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     n_inducing : int, default=512
         Inducing points (or basis functions) for methods that have them; capped at n.
     epochs, batch_size, lr : training length, minibatch size (minibatch methods) and Adam learning rate.
+    optimizer : {"adam", "lbfgs"}, default="adam"
+        "lbfgs": scipy's L-BFGS-B on the full-batch loss for at most ``epochs`` iterations (full-batch methods
+        only; no ``lr``, no validation), see :func:`gpscale.train.fit`.
     kernel : {"rbf", "matern12", "matern32", "matern52"}, default="rbf"
     noise : float or None, default=None
         Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default
@@ -59,14 +62,15 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     fit_result_ : gpscale.train.FitResult (loss history, restarts, timing).
     """
 
-    def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, kernel="rbf",
-                 noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
+    def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, optimizer="adam",
+                 kernel="rbf", noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
                  progress=True, **method_options):
         self.method = method
         self.n_inducing = n_inducing
         self.epochs = epochs
         self.batch_size = batch_size
         self.lr = lr
+        self.optimizer = optimizer
         self.kernel = kernel
         self.noise = noise
         self.learn_noise = learn_noise
@@ -102,7 +106,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
         tic = time.perf_counter()
         self.fit_result_ = fit(model, Xt, yt, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                               val_fraction=self.val_fraction, seed=self.seed, progress=self.progress)
+                               optimizer=self.optimizer, val_fraction=self.val_fraction, seed=self.seed, progress=self.progress)
         self.training_seconds_ = time.perf_counter() - tic
         self.model_options_ = options
         self.model_ = model

@@ -3,13 +3,14 @@
 Every Cholesky in gpscale goes through :func:`cholesky`: it adds escalating jitter, warns when it had to, and
 raises :class:`NotPSDError` with a remedy instead of returning NaN. Least squares goes through QR
 (:func:`qr_lstsq`), and tall matrices that arrive in row chunks are factored by :class:`StreamingQR` (TSQR),
-which gives the same R as one QR of the stacked rows while holding only one chunk in memory.
+which gives the same R as one QR of the stacked rows while holding only one chunk in memory. Iterative solves
+go through :func:`conjugate_gradients`.
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -23,9 +24,11 @@ __all__ = [
     "cho_solve",
     "logdet_from_cholesky",
     "gaussian_log_likelihood",
+    "gram",
     "qr_r",
     "qr_lstsq",
     "StreamingQR",
+    "conjugate_gradients",
 ]
 
 
@@ -119,6 +122,26 @@ def gaussian_log_likelihood(K: Tensor, y: Tensor, what: str = "covariance") -> T
     return _GaussianLogLikelihood.apply(K, y, what)
 
 
+class _Gram(torch.autograd.Function):
+    """``M^T M`` whose backward is one product, ``dM = M (G + G^T)``; autograd's matmul backward takes two (one
+    per operand), which for features [n, p] is an extra n p^2 of the dominant cost of a GRIEF or SoftKI step."""
+
+    @staticmethod
+    def forward(ctx, M: Tensor) -> Tensor:
+        ctx.save_for_backward(M)
+        return M.T @ M
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (M,) = ctx.saved_tensors
+        return M @ (grad + grad.T)
+
+
+def gram(M: Tensor) -> Tensor:
+    """``M^T M`` [p, p] for M [n, p], differentiable at the cost of one extra n p^2 product (not two)."""
+    return _Gram.apply(M)
+
+
 def qr_r(A: Tensor) -> Tensor:
     """The R factor [k, k] of the reduced QR of ``A`` [n, k] (n >= k), with a non-negative diagonal.
 
@@ -163,3 +186,37 @@ class StreamingQR:
         if qr.R is None:
             raise ValueError("StreamingQR.of_chunks() needs at least one chunk.")
         return qr.R
+
+
+def conjugate_gradients(matvec: Callable[[Tensor], Tensor], b: Tensor, *,
+                        preconditioner: Callable[[Tensor], Tensor] | None = None, tol: float = 1e-8,
+                        max_iterations: int | None = None) -> tuple[Tensor, int]:
+    """Solve ``K x = b`` for a symmetric positive definite K given by ``matvec`` (x -> K x, for b [n]) by
+    (preconditioned) conjugate gradients from x = 0, stopping when ``||b - K x|| <= tol ||b||``.
+
+    ``preconditioner`` applies ``M^{-1}`` for an SPD M close to K (e.g. :meth:`gpscale.models.grief.GRIEF.
+    preconditioner`). Returns x and the number of iterations; warns (:class:`NumericalWarning`) when
+    ``max_iterations`` (default n) pass without reaching ``tol``.
+    """
+    precondition = preconditioner if preconditioner is not None else (lambda v: v)
+    x = torch.zeros_like(b)
+    r = b.clone()
+    z = precondition(r)
+    d, rz = z, r @ z
+    target = tol * torch.linalg.vector_norm(b)
+    limit = b.shape[0] if max_iterations is None else max_iterations
+    for iteration in range(limit):
+        if torch.linalg.vector_norm(r) <= target:
+            return x, iteration
+        Kd = matvec(d)
+        step = rz / (d @ Kd)
+        x, r = x + step * d, r - step * Kd
+        z = precondition(r)
+        rz, rz_old = r @ z, rz
+        d = z + (rz / rz_old) * d
+    if torch.linalg.vector_norm(r) > target:
+        warnings.warn(f"Conjugate gradients stopped after {limit} iterations with a relative residual of "
+                      f"{(torch.linalg.vector_norm(r) / torch.linalg.vector_norm(b)).item():.2e} > tol = {tol}. "
+                      "Raise max_iterations, loosen tol, or pass a preconditioner.", NumericalWarning, stacklevel=2)
+    return x, limit
+

@@ -1,5 +1,6 @@
 """One training loop for every model: Adam on reshuffled minibatches (or the full batch), an optional
-learning-rate schedule, validation with early stopping, restarts on numerical failure, checkpoint/resume.
+learning-rate schedule, validation with early stopping, restarts on numerical failure, checkpoint/resume; or, for
+full-batch models, L-BFGS to convergence.
 """
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from . import lbfgs
 from .linalg import NotPSDError
 from .models.base import GPModel
 
-__all__ = ["fit", "FitResult", "TrainingError"]
+__all__ = ["fit", "FitResult", "TrainingError", "OPTIMIZERS"]
+
+OPTIMIZERS = ("adam", "lbfgs")
 
 
 class TrainingError(RuntimeError):
@@ -58,6 +62,7 @@ def fit(
     epochs: int = 50,
     batch_size: int = 1024,
     lr: float = 0.01,
+    optimizer: str = "adam",
     schedule: Schedule = None,
     val_fraction: float = 0.0,
     patience: int = 10,
@@ -71,9 +76,15 @@ def fit(
     """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
 
     Args:
-        epochs: passes over the data; for full-batch models (``model.full_batch``) one Adam step each.
+        epochs: passes over the data; for full-batch models (``model.full_batch``) one Adam step each. With
+            ``optimizer="lbfgs"``, the most L-BFGS iterations (each one or more evaluations of loss and gradient).
         batch_size: minibatch size for minibatch models; batches are reshuffled every epoch.
         lr: Adam learning rate.
+        optimizer: ``"adam"``, or ``"lbfgs"`` (scipy's L-BFGS-B, full-batch models only): quasi-Newton steps to
+            the loss's optimum, where a fixed Adam budget stops short or oscillates; as GPy and GPflow fit a
+            handful of kernel hyperparameters. It uses neither ``lr`` nor ``schedule``, and supports neither
+            validation (``val_fraction``) nor checkpoints. Points where the loss cannot be evaluated (a failed
+            Cholesky) make the line search backtrack; the best point evaluated is kept.
         schedule: ``None``/``'constant'``, ``'cosine'`` (annealed to 0 over ``epochs``), or a callable
             ``(optimizer, epochs) -> scheduler`` stepped once per epoch.
         val_fraction: hold out this fraction (seeded) to compute the validation NLPD after each epoch; training
@@ -90,6 +101,7 @@ def fit(
     The posterior is fitted on all of (X, y), the validation rows included.
     """
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, val_every=val_every)
+    _check_optimizer(optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
@@ -105,9 +117,12 @@ def fit(
     start = time.perf_counter()
     for attempt in range(max_restarts + 1 if model.trainable else 0):
         try:
-            _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
-                      batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
-                      progress=progress, checkpoint=checkpoint)
+            if optimizer == "lbfgs":
+                _optimise_lbfgs(model, X_fit, y_fit, result, max_iterations=epochs, progress=progress)
+            else:
+                _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
+                          batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
+                          progress=progress, checkpoint=checkpoint)
             break
         except (NotPSDError, TrainingError) as err:
             if attempt == max_restarts:
@@ -170,6 +185,30 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
     if best["state"] is not None:
         model.load_state_dict(best["state"])
         result.best_epoch = best["epoch"]
+
+
+def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress) -> None:
+    """L-BFGS-B on the full-batch loss; one history record per iteration."""
+    model.clear_cache()
+    model.train()
+    params = [p for group in model.parameter_groups() for p in group["params"]]
+    bar = tqdm(total=max_iterations, desc=model.key or "fit", unit="it", leave=False,
+               disable=not (progress and sys.stderr.isatty()))
+    clock = {"tic": time.perf_counter()}
+
+    def record(iteration: int, loss: float) -> None:
+        now = time.perf_counter()
+        result.history.append({"epoch": iteration, "loss": loss, "lr": math.nan, "seconds": now - clock["tic"]})
+        clock["tic"] = now
+        bar.update()
+        bar.set_postfix(loss=f"{loss:.4g}")
+
+    fitted = lbfgs.minimise(lambda: model.loss(X, y, num_data=X.shape[0]), params, max_iterations=max_iterations,
+                            callback=record)
+    bar.close()
+    model.eval()
+    if not fitted.evaluated:
+        raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
 
 
 def _epoch(model, X, y, optimiser, generator, batch_size, n) -> float:
@@ -250,6 +289,22 @@ def _load_checkpoint(path) -> dict:
         return torch.load(path, weights_only=True)
     except Exception as err:
         raise ValueError(f"Cannot resume from checkpoint {path}: {err}. Delete it to start afresh.") from err
+
+
+def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}.")
+    if optimizer != "lbfgs":
+        return
+    if not model.full_batch:
+        raise ValueError(f"optimizer='lbfgs' needs the full-batch loss, but {model.key or type(model).__name__} "
+                         "trains on minibatches; use optimizer='adam'.")
+    unsupported = {"val_fraction": val_fraction > 0, "schedule": schedule not in (None, "constant"),
+                   "checkpoint": checkpoint is not None}
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(f"optimizer='lbfgs' runs to convergence without {name}; drop {name} or use "
+                             "optimizer='adam'.")
 
 
 def _check_positive(**values) -> None:

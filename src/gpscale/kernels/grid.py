@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["grid_points", "se_factor", "grid_factors", "cross_factors", "factor_eigh", "top_eigenvalues",
-           "grief_features"]
+           "grief_features", "interpolated_kernel"]
 
 # eigh's backward ignores pairs of eigenvalues closer than this (relative to the largest): they are degenerate to
 # working precision, and 1 / (lambda_i - lambda_j) would turn round-off into inf or NaN (pitfall 9).
@@ -159,11 +159,15 @@ def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tenso
 
         Phi = [⊙_i sign(B^(i))] ⊙ exp(sum_i log|B^(i)| - 1/2 1_n logl^T),    B^(i) = K_XU^(i) Q^(i)[:, idxs[:, i]].
 
-    Only the c_i distinct eigenvector columns that ``idxs[:, i]`` selects are multiplied (an [n, mbar_i] x
-    [mbar_i, c_i] product, then a gather to p columns): O(d n (mbar c + p)) time. An exact zero in some B^(i) has
-    sign 0 and contributes log 1 = 0, so it zeroes its entry of Phi without NaN (its gradient with respect to
-    that B^(i) entry is then taken as 0, a measure-zero case). Dividing by sqrt(lambda) inside the exponent keeps
-    Phi of order 1 where the products themselves over- or underflow (pitfall 1).
+    Only the c_i distinct eigenvector columns that ``idxs[:, i]`` selects are multiplied, R^(i) = K_XU^(i)
+    Q^(i)[:, columns] [n, c_i]. Column k of B^(i) is the column of R^(i) that ``idxs[k, i]`` names, so with the
+    one-hot selection S [sum_i c_i, p] the sum over dimensions of the log-magnitudes is one matrix product,
+    ``[log|R^(1)|, ..., log|R^(d)|] S``, and the sign is the parity of the negative factors, ``[R < 0] S`` mod 2:
+    O(d n mbar c + n p sum_i c_i) at matmul speed, where gathering d [n, p] matrices is bound by memory traffic
+    (5-10 times slower forward and backward at d = 18, p = 1000). An exact zero in some B^(i) contributes log 1 = 0
+    and zeroes its entry of Phi through the count ``[R == 0] S``, without NaN (its gradient with respect to that
+    entry is then taken as 0, a measure-zero case). Dividing by sqrt(lambda) inside the exponent keeps Phi of order
+    1 where the products themselves over- or underflow (pitfall 1).
 
     Args:
         Kxu: d factors K_XU^(i) [n, mbar_i].
@@ -171,13 +175,47 @@ def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tenso
         idxs: [p, d] Kronecker indices from :func:`top_eigenvalues`.
         logl: [p] log-eigenvalues of those indices.
     """
-    log_abs = sign = None
+    log_R, negative, zero, selections = [], [], [], []
     for i, (K, Qi) in enumerate(zip(Kxu, Q)):
         columns, inverse = torch.unique(idxs[:, i], return_inverse=True)
         R = K @ Qi[:, columns]  # [n, c_i]
-        zero = R == 0
-        log_R = torch.where(zero, torch.zeros_like(R), torch.where(zero, torch.ones_like(R), R).abs().log())
-        log_B, sign_B = log_R[:, inverse], torch.sign(R)[:, inverse]  # [n, p]
-        log_abs = log_B if log_abs is None else log_abs + log_B
-        sign = sign_B if sign is None else sign * sign_B
+        is_zero = R == 0
+        log_R.append(torch.where(is_zero, torch.ones_like(R), R).abs().log())
+        negative.append((R < 0).to(R.dtype))
+        zero.append(is_zero.to(R.dtype))
+        selections.append(torch.nn.functional.one_hot(inverse, columns.numel()).T.to(R.dtype))  # [c_i, p]
+    S = torch.cat(selections)  # [sum_i c_i, p]
+    log_abs = torch.cat(log_R, dim=1) @ S
+    with torch.no_grad():
+        odd = (torch.cat(negative, dim=1) @ S).to(torch.int32) & 1
+        sign = (1 - 2 * odd).to(log_abs.dtype)
+        zero = torch.cat(zero, dim=1)
+        if zero.any():
+            sign = torch.where(zero @ S > 0, 0.0, sign)
     return sign * torch.exp(log_abs - 0.5 * logl)
+
+
+def interpolated_kernel(E: list[Tensor], K: list[Tensor], rows: slice = slice(None)) -> Tensor:
+    """Rows ``rows`` of the interpolated covariance ``E K_UU E^T`` [n_rows, n] on a grid, for interpolation that
+    factorises over dimensions (``E = E^(1) * ... * E^(d)``, row-wise Khatri-Rao; paper §4.2, spec §3.11):
+
+        E K_UU E^T = ⊙_i E^(i) K^(i) E^(i)T,
+
+    d products of [n, mbar_i] matrices instead of one with m = prod_i mbar_i columns, so structured kernel
+    interpolation (SKI) costs O(d n^2 mbar) rather than growing exponentially in d. ``E^(i)`` may be dense or a
+    torch sparse matrix (e.g. Wilson & Nickisch's cubic weights, 4 non-zeros per row); ``E^(i) = K_XU^(i)
+    K^(i)^{-1}`` gives SoR.
+    The result is quadratic in n: take it a block of rows at a time for large n.
+
+    Args:
+        E: d interpolation factors E^(i) [n, mbar_i].
+        K: d Kronecker factors K^(i) [mbar_i, mbar_i] of K_UU (e.g. :func:`grid_factors`).
+        rows: the rows of the result to form.
+    """
+    out = None
+    for Ei, Ki in zip(E, K):
+        Ei = Ei.to_dense() if Ei.is_sparse else Ei  # [n, mbar_i]: small whatever the sparsity
+        block = (Ei[rows] @ Ki) @ Ei.T  # [n_rows, n]
+        out = block if out is None else out * block
+    return out
+

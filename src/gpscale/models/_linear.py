@@ -26,11 +26,10 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..distributed import LOCAL, Comm
-from ..linalg import StreamingQR, cholesky, logdet_from_cholesky, solve_lower
+from ..linalg import StreamingQR, cholesky, gram, logdet_from_cholesky, solve_lower
 
-__all__ = ["Statistics", "Collapsed", "accumulate", "collapse_cholesky", "collapse_qr", "residual_quad",
-           "evidence_maximising_noise",
-           "log_evidence", "predict_linear"]
+__all__ = ["Statistics", "Collapsed", "accumulate", "in_memory", "collapse_cholesky", "collapse_qr",
+           "residual_quad", "evidence_maximising_noise", "log_evidence", "predict_linear", "woodbury_solver"]
 
 CORE = torch.float64
 
@@ -65,9 +64,15 @@ class Collapsed:
         return torch.linalg.solve_triangular(self.L_B.T, self.c.unsqueeze(-1), upper=True).squeeze(-1)
 
 
+def in_memory(Phi: Tensor) -> Tensor:
+    """The feature map of rows already computed: a chunk of Phi [c, r] -> itself in float64 (pass it with
+    ``X = Phi`` and ``recompute=False`` to :func:`accumulate`)."""
+    return Phi.to(CORE)
+
+
 def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
     Phi = features(Xc)  # [c, r]
-    A = (Phi.T @ Phi).to(CORE)
+    A = gram(Phi).to(CORE)
     b = (Phi.T @ yc).to(CORE)
     trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE)
     return A, b, trace
@@ -82,6 +87,7 @@ def accumulate(
     prior_diag: FeatureMap | None = None,
     whiten: Tensor | None = None,
     comm: Comm = LOCAL,
+    recompute: bool = True,
 ) -> Statistics:
     """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows.
 
@@ -93,9 +99,11 @@ def accumulate(
 
     When gradients are on and there is more than one chunk, each chunk is checkpointed: its features are
     recomputed in the backward pass instead of stored, so the memory of a gradient step stays O(chunk x r).
+    ``recompute=False`` skips that for features already held in memory (``X`` is Phi itself), where recomputing
+    would only repeat the chunk's Gram product.
     """
     chunks = list(zip(X.split(chunk_size), y.split(chunk_size)))
-    recompute = torch.is_grad_enabled() and len(chunks) > 1
+    recompute = recompute and torch.is_grad_enabled() and len(chunks) > 1
     A = b = trace = None
     for Xc, yc in chunks:
         if recompute:
@@ -209,3 +217,21 @@ def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, gri
     refined = minimize_scalar(negative, bounds=(grid[max(best - 1, 0)], grid[min(best + 1, grid_points - 1)]),
                               method="bounded", options={"xatol": 1e-10})
     return math.exp(min((refined.fun, refined.x), (values[best], grid[best]))[1])
+
+
+def woodbury_solver(Phi: Tensor, noise: Tensor) -> Callable[[Tensor], Tensor]:
+    """``v -> (Phi Phi^T + sigma^2 I)^{-1} v`` for features Phi [n, r] held in memory, by Woodbury:
+
+        (Phi Phi^T + sigma^2 I)^{-1} v = (v - Phi B^{-1} Phi^T v / sigma^2) / sigma^2,    B = I + Phi^T Phi / sigma^2,
+
+    O(n r^2 + r^3) once, then O(n r) per vector (v [n] or [n, k]). The preconditioner of GRIEF's §4.1."""
+    Phi, s2 = Phi.to(CORE), noise.to(CORE)
+    L_B = cholesky(torch.eye(Phi.shape[1], dtype=CORE, device=Phi.device) + gram(Phi) / s2, what="I + A / sigma^2")
+
+    def solve(v: Tensor) -> Tensor:
+        V = v.to(CORE).reshape(v.shape[0], -1)  # [n, k]
+        inner = torch.cholesky_solve(Phi.T @ V, L_B)  # B^{-1} Phi^T V [r, k]
+        return ((V - Phi @ inner / s2) / s2).reshape(v.shape).to(v.dtype)
+
+    return solve
+

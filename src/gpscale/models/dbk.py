@@ -275,7 +275,8 @@ class DBK(DeepBasisModel):
 
     def posterior(self, Phi: Tensor, y: Tensor) -> _linear.Collapsed:
         """The engine's posterior of w from basis rows Phi [n, r] and targets y [n]."""
-        stats = _linear.accumulate(_in_core, Phi, y.to(CORE), chunk_size=self.chunk_size)
+        stats = _linear.accumulate(_linear.in_memory, Phi, y.to(CORE), chunk_size=self.chunk_size,
+                                     recompute=False)
         return _linear.collapse_cholesky(stats, self.noise)
 
     def evidence(self, Phi: Tensor, y: Tensor) -> Tensor:
@@ -331,11 +332,6 @@ class DBK(DeepBasisModel):
         Phi = self.kernel.basis(X).to(CORE)  # [c, r]
         mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
         return mean.to(X.dtype), (var + self.predictive_correction(Phi)).to(X.dtype)
-
-
-def _in_core(Phi: Tensor) -> Tensor:
-    # the engine's feature map over rows of Phi: float64, so Phi^T Phi is summed at the precision of the core
-    return Phi.to(CORE)
 
 
 # --- stochastic variational inference -----------------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""L-BFGS(-B) over torch parameters with autograd gradients: scipy's quasi-Newton method, which GP libraries have
+long used for the handful of hyperparameters of a full-batch objective (GPy, GPflow's Scipy optimiser), robust to
+points where the objective cannot be evaluated.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from scipy.optimize import minimize
+from torch import Tensor
+
+from .linalg import NotPSDError
+
+__all__ = ["minimise", "LbfgsResult", "FAILED_LOSS"]
+
+# What the objective reports where the loss cannot be evaluated: far above any loss per point of a GP that can, and
+# finite, since scipy's L-BFGS-B stops at once ("converged") on inf or NaN, whereas it backtracks from a large value
+FAILED_LOSS = 1e10
+
+
+@dataclass
+class LbfgsResult:
+    """The best point's loss (inf when no point could be evaluated), iterations, evaluations, failed evaluations,
+    and scipy's stopping message."""
+
+    loss: float
+    iterations: int
+    evaluations: int
+    failures: int
+    message: str
+
+    @property
+    def evaluated(self) -> bool:
+        return math.isfinite(self.loss)
+
+
+def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[tuple[float, float]] | None = None,
+             max_iterations: int = 1000, callback: Callable[[int, float], None] | None = None) -> LbfgsResult:
+    """Minimise ``loss()`` over the tensors ``params`` (flattened, in order) by scipy's L-BFGS-B with autograd
+    gradients, and leave them at the best point evaluated (not always scipy's last one).
+
+    Args:
+        loss: a scalar function of the current values of ``params``.
+        bounds: (lower, upper) per flattened entry, or None for no box.
+        max_iterations: scipy's ``maxiter``; its tolerances are the defaults (factr 1e7, pgtol 1e-5), as GPy's.
+        callback: called after each iteration with its number (from 0) and the loss there.
+
+    A point where ``loss`` raises :class:`~gpscale.linalg.NotPSDError` or gives a non-finite value or gradient
+    counts as ``FAILED_LOSS`` with a zero gradient, so the line search backtracks from it. When no point could be
+    evaluated the params are left unchanged and ``result.evaluated`` is False.
+    """
+    start = torch.cat([p.detach().reshape(-1) for p in params]).cpu().double().numpy()
+    state = {"loss": math.inf, "x": None, "evaluations": 0, "failures": 0, "iteration": 0, "last": math.inf}
+
+    def assign(x: np.ndarray) -> None:
+        values = torch.from_numpy(np.array(x, dtype=np.float64)).split([p.numel() for p in params])
+        with torch.no_grad():
+            for param, value in zip(params, values):
+                param.copy_(value.reshape(param.shape))
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        assign(x)
+        state["evaluations"] += 1
+        try:
+            value = loss()
+            grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)])
+        except NotPSDError:
+            state["failures"] += 1
+            return FAILED_LOSS, np.zeros_like(x)
+        if not (torch.isfinite(value) and torch.isfinite(grad).all()):
+            state["failures"] += 1
+            return FAILED_LOSS, np.zeros_like(x)
+        state["last"] = value.item()
+        if value.item() < state["loss"]:
+            state.update(loss=value.item(), x=np.array(x))
+        return value.item(), grad.cpu().double().numpy()
+
+    def after_iteration(_x: np.ndarray) -> None:
+        if callback is not None:
+            callback(state["iteration"], state["last"])
+        state["iteration"] += 1
+
+    out = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds, callback=after_iteration,
+                   options={"maxiter": max_iterations})
+    assign(start if state["x"] is None else state["x"])
+    return LbfgsResult(loss=state["loss"], iterations=state["iteration"], evaluations=state["evaluations"],
+                       failures=state["failures"], message=str(out.message))

@@ -31,6 +31,7 @@ from gpscale.models import _linear, get_model_class
 from gpscale.models.exact import ExactGP
 from gpscale.models.grief import (
     GRIEF,
+    _white_noise_loss,
     orthogonal_log_likelihood,
     orthogonal_predict,
     orthogonalise,
@@ -727,6 +728,24 @@ def test_the_exact_gp_initialisation_stays_in_its_box_on_categorical_inputs():
     assert ls[:2].max() < 0.5 < ls[2:5].min()  # the two inputs that matter are short, the others long
     with torch.no_grad():
         assert math.isfinite(model.loss(X, y, 300).item())
+
+
+def test_an_exact_gp_that_explains_nothing_restarts_from_lengthscales_spread_to_the_data():
+    # pumadyn32nm fold 0: in 32 standardised inputs the kernel at lengthscale ln 2 is ~e^-32 between rows, the fit
+    # never left its start and GRIEF-II predicted the mean (test RMSE 1.00)
+    g = torch.Generator().manual_seed(32)
+    X = torch.randn(400, 32, generator=g, dtype=F64)
+    y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(400, generator=g, dtype=F64)
+    y = (y - y.mean()) / y.std()
+    model = GRIEF(32, n_eigen=100, init_exact_points=400).double()
+    stuck, fitted = model._fit_exact_gp(X, y, model.kernel)
+    assert fitted.loss >= _white_noise_loss(y) - 1e-3  # the trap is real
+    assert torch.allclose(stuck.kernel.lengthscale, model.kernel.lengthscale)
+    model.init(X, y)
+    ls = model.kernel.lengthscale
+    assert ls[:2].max() < ls[2:].median() / 3  # the two relevant inputs found
+    with torch.no_grad():
+        assert model.loss(X, y, 400).item() < _white_noise_loss(y) - 0.3
 
 
 def test_a_failed_exact_gp_keeps_the_constructors_theta_with_a_warning(monkeypatch):

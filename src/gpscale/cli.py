@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="default: 0.1 for full-batch methods, else 0.01")
     p.add_argument("--optimizer", default="adam", choices=["adam", "lbfgs"],
                    help="lbfgs: L-BFGS-B for at most --epochs iterations (full-batch methods)")
-    p.add_argument("--kernel", default="rbf")
+    p.add_argument("--kernel", default=None, help="default: the method's (rbf; matern32 for vff)")
     p.add_argument("--val-fraction", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"])

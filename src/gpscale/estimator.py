@@ -37,7 +37,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     optimizer : {"adam", "lbfgs"}, default="adam"
         "lbfgs": scipy's L-BFGS-B on the full-batch loss for at most ``epochs`` iterations (full-batch methods
         only; no ``lr``, no validation), see :func:`gpscale.train.fit`.
-    kernel : {"rbf", "matern12", "matern32", "matern52"}, default="rbf"
+    kernel : {"rbf", "matern12", "matern32", "matern52"} or None, default=None
+        None: the method's default ("rbf", except "matern32" for the Fourier-feature methods, which need a Matérn).
     noise : float or None, default=None
         Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default
         (ln 2 = softplus(0), as GPyTorch, for exact/SGPR/SVGP; SoftKI's paper setting is a fixed 1e-3).
@@ -63,7 +64,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, optimizer="adam",
-                 kernel="rbf", noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
+                 kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
                  progress=True, **method_options):
         self.method = method
         self.n_inducing = n_inducing

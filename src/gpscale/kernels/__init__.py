@@ -1,6 +1,7 @@
 """Covariance functions."""
 from .gpytorch_adapter import GPyTorchKernel
+from .separable import AdditiveMatern, ProductMatern
 from .stationary import RBF, SOFTPLUS_ZERO, Kernel, Matern, Stationary, inverse_softplus, make_kernel
 
-__all__ = ["Kernel", "Stationary", "RBF", "Matern", "GPyTorchKernel", "inverse_softplus", "make_kernel",
-           "SOFTPLUS_ZERO"]
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "AdditiveMatern", "ProductMatern", "GPyTorchKernel",
+           "inverse_softplus", "make_kernel", "SOFTPLUS_ZERO"]

@@ -1,0 +1,172 @@
+"""VFF: variational Fourier features (Hensman, Durrande & Solin 2018, JMLR; spec shared/specs/odvff.md §3, §4.7).
+
+The inducing variables are RKHS projections of f onto a harmonic Fourier basis on a box around the data
+(:mod:`gpscale.kernels.fourier`), for a separable Matérn kernel (:mod:`gpscale.kernels.separable`): additive,
+D (2F + 1) features with K_uu block diagonal over dimensions, or product, (2F + 1)^D features with K_uu a Kronecker
+product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperparameters.
+
+``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.sgpr.CollapsedGP`), trained
+full batch.
+
+The box is fixed at ``init`` from the training inputs: ``[min - margin r, max + margin r]`` per column, r its range.
+The induced kernel is accurate only a few lengthscales inside the box (at its ends the residual is about s^2 / 2 for
+every F: the features are periodic), so ``margin`` must exceed about 3 lengthscales / r, and F must grow with the
+box: omega_F = 2 pi F / (b - a) should exceed 3-4 lambda (lambda = sqrt(2 nu) / l).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from ..distributed import LOCAL, Comm
+from ..kernels import SOFTPLUS_ZERO, Kernel
+from ..kernels.fourier import BlockDiagonal, Kronecker, row_kronecker, vff_Kuf, vff_Kuu
+from ..kernels.separable import AdditiveMatern, ProductMatern
+from ._variational import CORE, InducingFeatures
+from .base import register
+from .sgpr import CollapsedGP
+
+__all__ = ["FourierFeatures", "VFF", "STRUCTURES", "separable_kernel"]
+
+STRUCTURES = ("additive", "product")
+_NUS = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+
+
+def separable_kernel(kernel: str | Kernel, structure: str, n_features: int, lengthscale: float,
+                     outputscale: float) -> AdditiveMatern | ProductMatern:
+    """The separable Matérn of ``structure`` for a kernel name (``'matern12'``, ``'matern32'``, ``'matern52'``), or
+    ``kernel`` itself if it already is one."""
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}.")
+    cls = AdditiveMatern if structure == "additive" else ProductMatern
+    if isinstance(kernel, Kernel):
+        if not isinstance(kernel, cls):
+            raise ValueError(f"structure={structure!r} needs a {cls.__name__} kernel, got {type(kernel).__name__}.")
+        return kernel
+    if kernel not in _NUS:
+        raise ValueError(f"Variational Fourier features need a Matérn kernel ('matern12', 'matern32' or "
+                         f"'matern52'): the RBF's RKHS does not contain the Fourier basis. Got kernel={kernel!r}.")
+    return cls(n_features, nu=_NUS[kernel], lengthscale=lengthscale, outputscale=outputscale)
+
+
+class FourierFeatures(InducingFeatures):
+    """``zeta = <f, phi>_H`` for a separable Matérn kernel on the box ``[lower, upper]`` (set by :meth:`set_box`).
+
+    Args:
+        kernel: an :class:`AdditiveMatern` (D independent feature sets) or a :class:`ProductMatern` (tensor-product
+            features).
+        n_frequencies: F per dimension: 2F + 1 features per dimension (cos m = 0..F, sin m = 1..F).
+    """
+
+    def __init__(self, kernel: AdditiveMatern | ProductMatern, n_frequencies: int):
+        super().__init__()
+        self.kernel = kernel
+        self.n_frequencies = int(n_frequencies)
+        D, per_dim = kernel.n_features, 2 * self.n_frequencies + 1
+        self.additive = isinstance(kernel, AdditiveMatern)
+        self.num_inducing = D * per_dim if self.additive else per_dim**D
+        self.register_buffer("lower", torch.zeros(D, dtype=CORE))
+        self.register_buffer("upper", torch.ones(D, dtype=CORE))
+
+    def set_box(self, lower: Tensor, upper: Tensor) -> None:
+        """The interval [lower_d, upper_d] of every dimension [D]."""
+        if not bool((upper > lower).all()):
+            raise ValueError("Every interval of the VFF box needs upper > lower.")
+        self.lower.copy_(lower)
+        self.upper.copy_(upper)
+
+    def _intervals(self) -> list[tuple[float, float]]:
+        return list(zip(self.lower.tolist(), self.upper.tolist()))
+
+    def Kuu_operator(self) -> BlockDiagonal | Kronecker:
+        """K_uu in its structure (float64): blocks per dimension (additive) or a Kronecker product (product, with
+        s^2 on the first factor)."""
+        ls = self.kernel.lengthscale.to(CORE)
+        if self.additive:
+            variance = self.kernel.variance.to(CORE)
+            return BlockDiagonal([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
+                                  for d, (a, b) in enumerate(self._intervals())])
+        one = torch.ones((), dtype=CORE, device=ls.device)
+        return Kronecker([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d],
+                                  self.kernel.outputscale.to(CORE) if d == 0 else one)
+                          for d, (a, b) in enumerate(self._intervals())])
+
+    def Kuu(self) -> Tensor:
+        return self.Kuu_operator().to_dense()
+
+    def Kuf(self, X: Tensor) -> Tensor:
+        """[M, c]: phi(x) inside the box, the edge forms outside (float64)."""
+        X, ls = X.to(CORE), self.kernel.lengthscale.to(CORE)
+        per_dim = [vff_Kuf(self.kernel.nu, X[:, d], a, b, self.n_frequencies, ls[d])
+                   for d, (a, b) in enumerate(self._intervals())]
+        return torch.cat(per_dim) if self.additive else row_kronecker(per_dim)
+
+    def Kff_diag(self, X: Tensor) -> Tensor:
+        return self.kernel.diag(X)
+
+    def check_margin(self, X: Tensor) -> None:
+        """Warn where the rows of X come closer than 2 lengthscales to an end of the box in a dimension that
+        carries at least 1% of an additive kernel's variance: there the features miss more than about 2% of the
+        kernel's variance, and at the ends half of it (spec §9 pitfall 1, §10 check 5)."""
+        room = torch.minimum(X.min(0).values.to(CORE) - self.lower, self.upper - X.max(0).values.to(CORE))
+        short = room < 2 * self.kernel.lengthscale.detach().to(CORE)
+        if self.additive:
+            variance = self.kernel.variance.detach()
+            short &= (variance >= 0.01 * variance.sum()).to(short.device)
+        dims = short.nonzero().flatten().tolist()
+        if dims:
+            warnings.warn(f"VFF: in dimension(s) {dims} the data come within 2 lengthscales of the box's ends, "
+                          "where the Fourier features do not reproduce the kernel (their residual there is about "
+                          "s^2 / 2). Refit with a larger margin and more frequencies (n_frequencies).", UserWarning,
+                          stacklevel=3)
+
+
+@register("vff")
+class VFF(CollapsedGP):
+    """Variational Fourier features with the collapsed (Titsias) bound, trained full batch.
+
+    Args:
+        n_frequencies: F: 2F + 1 features per dimension (default 32).
+        structure: ``'additive'`` (default; D (2F + 1) features) or ``'product'`` ((2F + 1)^D; D <= 3).
+        margin: the box extends this fraction of each column's range beyond its training data (default 1: the box
+            is three times the data's range, room for lengthscales up to a third of the range; with F = 32 the
+            features resolve lengthscales down to about a tenth of it).
+        kernel: ``'matern12'``, ``'matern32'`` (default) or ``'matern52'``, made separable per ``structure``;
+            or an :class:`AdditiveMatern` / :class:`ProductMatern`. Initial total variance ``outputscale``
+            (default 1, the variance of standardised y; split evenly over dimensions when additive).
+        **kwargs: ``solver`` and the options of :class:`~gpscale.models.sgpr.CollapsedGP`.
+    """
+
+    def __init__(self, n_features: int, n_frequencies: int = 32, structure: str = "additive",
+                 margin: float = 1.0, kernel: str | Kernel = "matern32", **kwargs):
+        if int(n_frequencies) != n_frequencies or n_frequencies < 1:
+            raise ValueError(f"n_frequencies must be a positive integer, got {n_frequencies}.")
+        if not margin > 0:
+            raise ValueError(f"margin must be positive, got {margin}.")
+        if structure == "product" and n_features > 3:
+            raise ValueError(f"structure='product' has (2F + 1)^D features: not usable for D = {n_features} > 3. "
+                             "Use structure='additive'.")
+        base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
+                                kwargs.pop("outputscale", 1.0))
+        kwargs.pop("ard", None)  # separable kernels have a lengthscale per dimension
+        super().__init__(n_features, kernel=base, **kwargs)
+        self.margin = float(margin)
+        self.structure = structure
+        self.fourier = FourierFeatures(self.kernel, int(n_frequencies))
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        lo, hi = X.min(0).values.to(CORE), X.max(0).values.to(CORE)
+        span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+        self.fourier.set_box(lo - self.margin * span, hi + self.margin * span)
+
+    def Kuu(self) -> Tensor:
+        return self.fourier.Kuu()
+
+    def Kuf(self, X: Tensor) -> Tensor:
+        return self.fourier.Kuf(X).to(X.dtype)
+
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        self.fourier.check_margin(X)
+        super().fit_posterior(X, y, comm)

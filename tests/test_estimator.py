@@ -17,9 +17,17 @@ def data(n=120, d=3, seed=0):
     return X, y
 
 
-@pytest.mark.parametrize("method", ["exact", "sgpr", "svgp", "dbk", "grief"])
+# the size option of each method, small enough for the few dozen fits of check_estimator
+SMALL = {"vff": {"n_frequencies": 8}}
+
+
+@pytest.mark.parametrize("method", ["exact", "sgpr", "svgp", "dbk", "grief", "vff"])
 def test_check_estimator(method):
-    check_estimator(GPRegressor(method=method, n_inducing=16, epochs=30, batch_size=64, lr=0.1, progress=False))
+    options = SMALL.get(method, {})
+    # method options are keyword arguments beyond the signature, which this one check cannot see
+    expected = {"check_no_attributes_set_in_init": "method options are **kwargs"} if options else None
+    check_estimator(GPRegressor(method=method, n_inducing=16, epochs=30, batch_size=64, lr=0.1, progress=False,
+                                **options), expected_failed_checks=expected)
 
 
 @pytest.mark.parametrize("method", ["exact", "sgpr", "svgp"])

@@ -7,15 +7,13 @@ import pytest
 import torch
 
 from gpscale.kernels.fourier import (
-    BlockDiagonal,
-    DiagPlusLowRank,
-    Kronecker,
     fourier_basis,
     matern_lambda,
     row_kronecker,
     vff_Kuf,
     vff_Kuu,
 )
+from gpscale.operators import BlockDiagonal, DiagPlusLowRank, Kronecker
 
 F64 = torch.float64
 

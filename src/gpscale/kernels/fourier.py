@@ -12,12 +12,13 @@ covariances are known in closed form (§3.3-3.4):
 - ``Kuf = Cov(zeta, f(x)) = phi(x)`` for x in [a, b], whatever the hyperparameters (the reproducing property);
   outside [a, b] only the boundary form survives and the entries decay like ``exp(-lambda delta)`` (:func:`vff_Kuf`);
 - ``Kuu = <phi_i, phi_j>_H = blockdiag(K_cos, K_sin)``, each block a diagonal plus a rank-0, 1 or 2 term
-  (:class:`DiagPlusLowRank`), whose solves and log-determinant cost O(M r^2) by Woodbury and the determinant
-  lemma; nothing M x M is ever inverted.
+  (:class:`~gpscale.operators.DiagPlusLowRank`), whose solves and log-determinant cost O(M r^2) by Woodbury and
+  the determinant lemma; nothing M x M is ever inverted.
 
 In D dimensions an additive kernel ``sum_d k_d(x_d, x'_d)`` has D independent feature sets (K_uu block diagonal
-over dimensions, :class:`BlockDiagonal`), a product kernel ``prod_d k_d`` the tensor-product features (K_uu the
-Kronecker product of the 1-D matrices, :class:`Kronecker`; (2F + 1)^D features, for D <= 3).
+over dimensions, :class:`~gpscale.operators.BlockDiagonal`), a product kernel ``prod_d k_d`` the tensor-product
+features (K_uu the Kronecker product of the 1-D matrices, :class:`~gpscale.operators.Kronecker`; (2F + 1)^D
+features, for D <= 3).
 
 Interval: the induced kernel ``phi^T Kuu^{-1} phi`` converges to k inside (a, b) as F grows, but not at the ends,
 where every feature has phi(a) = phi(b) and the residual stays about s^2 / 2 (§9 pitfall 1). So the box must
@@ -30,13 +31,14 @@ F^(2 nu + 1).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["NUS", "matern_lambda", "frequencies", "fourier_basis", "vff_Kuf", "vff_Kuu", "DiagPlusLowRank",
-           "BlockDiagonal", "Kronecker", "row_kronecker", "box_with_margin"]
+from ..operators import BlockDiagonal, DiagPlusLowRank
+
+__all__ = ["NUS", "matern_lambda", "frequencies", "fourier_basis", "vff_Kuf", "vff_Kuu", "row_kronecker",
+           "box_with_margin"]
 
 NUS = (0.5, 1.5, 2.5)
 
@@ -94,115 +96,6 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
     return torch.where(outside, torch.cat([cos, sin]), inside)
 
 
-@dataclass
-class DiagPlusLowRank:
-    """``M = diag(d) + W W^T`` [n, n] with d [n] > 0 and W [n, r] (r small), kept in that form.
-
-    Solves by Woodbury, ``M^{-1} B = D^{-1} B - D^{-1} W C^{-1} W^T D^{-1} B`` with the r x r capacitance
-    ``C = I + W^T D^{-1} W``; ``log|M| = sum log d + log|C|`` (the determinant lemma): O(n r^2 + n r k) for B [n, k].
-    """
-
-    d: Tensor
-    W: Tensor
-
-    @property
-    def size(self) -> int:
-        return self.d.shape[0]
-
-    def _capacitance_cholesky(self) -> Tensor:
-        DW = self.W / self.d.unsqueeze(-1)
-        return torch.linalg.cholesky(torch.eye(self.W.shape[1], dtype=self.d.dtype, device=self.d.device)
-                                     + self.W.T @ DW)
-
-    def solve(self, B: Tensor) -> Tensor:
-        """``M^{-1} B`` for B [n, k]."""
-        DB = B / self.d.unsqueeze(-1)
-        if self.W.shape[1] == 0:
-            return DB
-        DW = self.W / self.d.unsqueeze(-1)
-        return DB - DW @ torch.cholesky_solve(self.W.T @ DB, self._capacitance_cholesky())
-
-    def logdet(self) -> Tensor:
-        logdet = torch.log(self.d).sum()
-        if self.W.shape[1] == 0:
-            return logdet
-        return logdet + 2 * torch.log(torch.diagonal(self._capacitance_cholesky())).sum()
-
-    def matmul(self, B: Tensor) -> Tensor:
-        return self.d.unsqueeze(-1) * B + self.W @ (self.W.T @ B)
-
-    def to_dense(self) -> Tensor:
-        return torch.diag(self.d) + self.W @ self.W.T
-
-
-@dataclass
-class BlockDiagonal:
-    """``blockdiag(M_1, ..., M_k)`` of structured blocks (each with solve, logdet, matmul, to_dense)."""
-
-    blocks: list
-
-    @property
-    def size(self) -> int:
-        return sum(block.size for block in self.blocks)
-
-    def _split(self, B: Tensor) -> tuple[Tensor, ...]:
-        return B.split([block.size for block in self.blocks])
-
-    def solve(self, B: Tensor) -> Tensor:
-        return torch.cat([block.solve(part) for block, part in zip(self.blocks, self._split(B))])
-
-    def matmul(self, B: Tensor) -> Tensor:
-        return torch.cat([block.matmul(part) for block, part in zip(self.blocks, self._split(B))])
-
-    def logdet(self) -> Tensor:
-        return sum(block.logdet() for block in self.blocks)
-
-    def to_dense(self) -> Tensor:
-        return torch.block_diag(*[block.to_dense() for block in self.blocks])
-
-
-@dataclass
-class Kronecker:
-    """``M_1 ⊗ ... ⊗ M_D`` (C order: the first factor is the most significant) of structured factors.
-
-    ``(⊗ M_i)^{-1} = ⊗ M_i^{-1}`` is applied factor by factor on the reshaped right-hand side, and
-    ``log|⊗ M_i| = sum_i (prod_{j != i} n_j) log|M_i|`` (§3.6): O(sum_i n_i^2 N / n_i) for N = prod n_i.
-    """
-
-    factors: list
-
-    @property
-    def size(self) -> int:
-        return math.prod(factor.size for factor in self.factors)
-
-    def _apply(self, B: Tensor, op: str) -> Tensor:
-        sizes = [factor.size for factor in self.factors]
-        k = B.shape[1]
-        T = B.reshape(*sizes, k)
-        for i, factor in enumerate(self.factors):
-            moved = T.movedim(i, 0)  # [n_i, ..., k]
-            shape = moved.shape
-            flat = getattr(factor, op)(moved.reshape(shape[0], -1))
-            T = flat.reshape(shape).movedim(0, i)
-        return T.reshape(-1, k)
-
-    def solve(self, B: Tensor) -> Tensor:
-        return self._apply(B, "solve")
-
-    def matmul(self, B: Tensor) -> Tensor:
-        return self._apply(B, "matmul")
-
-    def logdet(self) -> Tensor:
-        total = self.size
-        return sum(total // factor.size * factor.logdet() for factor in self.factors)
-
-    def to_dense(self) -> Tensor:
-        dense = self.factors[0].to_dense()
-        for factor in self.factors[1:]:
-            dense = torch.kron(dense, factor.to_dense())
-        return dense
-
-
 def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tensor,
             variance: Tensor) -> BlockDiagonal:
     """``Kuu = <phi_i, phi_j>_H`` [2F + 1, 2F + 1] for a 1-D Matérn-nu (variance s^2, lengthscale l) on [a, b], as
@@ -251,9 +144,12 @@ def row_kronecker(factors: list[Tensor]) -> Tensor:
     return out
 
 
-def box_with_margin(X: Tensor, margin: float | Tensor) -> tuple[Tensor, Tensor]:
-    """Per-column interval ``[min - margin, max + margin]`` of X [n, D]: lower [D], upper [D]."""
-    return X.min(0).values - margin, X.max(0).values + margin
+def box_with_margin(X: Tensor, margin: float) -> tuple[Tensor, Tensor]:
+    """Per-column interval ``[min - margin r, max + margin r]`` of X [n, D], r the column's range (1 for a constant
+    column): lower [D], upper [D] (float64)."""
+    lo, hi = X.min(0).values.to(torch.float64), X.max(0).values.to(torch.float64)
+    span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    return lo - margin * span, hi + margin * span
 
 
 def _check_nu(nu: float) -> None:

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel
-from ..kernels.fourier import BlockDiagonal, Kronecker, row_kronecker, vff_Kuf, vff_Kuu
+from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
+from ..operators import BlockDiagonal, Kronecker
 from ._variational import CORE, InducingFeatures
 from .base import register
 from .sgpr import CollapsedGP
@@ -157,9 +158,7 @@ class VFF(CollapsedGP):
         self.fourier = FourierFeatures(self.kernel, int(n_frequencies))
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        lo, hi = X.min(0).values.to(CORE), X.max(0).values.to(CORE)
-        span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-        self.fourier.set_box(lo - self.margin * span, hi + self.margin * span)
+        self.fourier.set_box(*box_with_margin(X, self.margin))
 
     def Kuu(self) -> Tensor:
         return self.fourier.Kuu()

@@ -124,6 +124,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
                 raise ValueError(f"Method {self.method!r} has no option {name!r}. Its options: "
                                  f"{', '.join(sorted(accepted))}.")
             options[name] = getattr(self, name)
+        for name in cls.sizes_capped_by_rows:  # e.g. the mean basis of odvgp / odvff: at most one per row
+            options[name] = min(int(options.get(name, _option_default(cls, name))), n)
         return options
 
     # --- prediction --------------------------------------------------------------------------------------
@@ -224,6 +226,15 @@ def _option_names(cls: type[GPModel]) -> set[str]:
         names |= {p.name for p in params if p.kind == p.KEYWORD_ONLY or
                   (p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "n_features"))}
     return names
+
+
+def _option_default(cls: type[GPModel], name: str):
+    """The default of keyword option ``name`` in the first class of ``cls``'s MRO that declares it."""
+    for klass in cls.__mro__:
+        params = inspect.signature(klass.__init__).parameters
+        if name in params:
+            return params[name].default
+    raise KeyError(name)
 
 
 def _jsonable(params: dict) -> dict:

@@ -220,6 +220,7 @@ def _epoch(model, X, y, optimiser, generator, batch_size, n) -> float:
         batches = [(X[idx], y[idx]) for idx in order.split(batch_size)]
     total = 0.0
     for xb, yb in batches:
+        model.natural_gradient_step(xb, yb, n)
         optimiser.zero_grad(set_to_none=True)
         loss = model.loss(xb, yb, num_data=n)
         if not torch.isfinite(loss):

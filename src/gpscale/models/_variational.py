@@ -1,12 +1,25 @@
 """Engine for every SVGP-family method, generic over inducing features.
 
-A method supplies an :class:`InducingFeatures` object with ``Kuu()``, ``Kuf(X)`` and ``Kff_diag(X)``. The
-engine keeps a whitened ``q(v) = N(m, S S^T)`` with ``u = L v``, ``L L^T = Kuu``, so the prior is N(0, I) and
+A method supplies an :class:`InducingFeatures` object with ``Kuu()``, ``Kuf(X)`` and ``Kff_diag(X)``.
+
+:class:`VariationalGP` keeps a whitened ``q(v) = N(m, S S^T)`` with ``u = L v``, ``L L^T = Kuu``, so the prior is
+N(0, I) and
 
     q(f(x)) = N(a^T m,  k(x, x) - a^T a + a^T S S^T a),   a = L^{-1} k_u(x),
     ELBO    = num_data / b * sum_{i in batch} E_q log p(y_i | f_i) - KL(q(v) || N(0, I))
 
 (Hensman et al. 2013). ``loss`` returns ``-ELBO / num_data`` so that the learning rate does not depend on n.
+
+:class:`OrthogonallyDecoupledGP` (Salimbeni et al. 2018a; spec odvff.md §2.4, §4) adds a second basis for the
+mean only: inducing inputs gamma [M_g, d] with weights a, projected onto the orthogonal complement of the features
+beta, whose q(beta) = N(m, S) is kept unwhitened (``Kbb`` is used through its structured ``Kuu_operator()``):
+
+    mean(x) = k(x, gamma) a + phi(x)^T Kbb^{-1} (m - Kbg a),       phi(x) = Kuf(x) = Cov(beta, f(x))
+    var(x)  = k(x, x) - phi^T Kbb^{-1} phi + phi^T Kbb^{-1} S Kbb^{-1} phi
+    KL      = KL(N(m, S) || N(0, Kbb)) + 1/2 (a^T Kgg a - (Kbg a)^T Kbb^{-1} (Kbg a))
+
+No M_g x M_g matrix is ever factorised, so M_g can be large. (m, S) take natural-gradient steps by default
+(:meth:`OrthogonallyDecoupledGP.natural_gradient_step`), everything else Adam.
 """
 from __future__ import annotations
 
@@ -14,10 +27,12 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import cholesky, logdet_from_cholesky, solve_lower
+from ..linalg import NotPSDError, cholesky, logdet_from_cholesky, solve_lower, solve_upper
+from ..operators import DenseSPD
 from .base import GPModel
+from .inducing import kmeans_centers
 
-__all__ = ["InducingFeatures", "VariationalGP", "gauss_kl_whitened"]
+__all__ = ["InducingFeatures", "VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
 
 CORE = torch.float64
 
@@ -38,6 +53,14 @@ class InducingFeatures(nn.Module):
     def Kff_diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
         """[n]"""
         raise NotImplementedError
+
+    def Kuu_operator(self, jitter: float = 0.0):
+        """Kuu (float64) as an operator with ``solve``, ``logdet``, ``to_dense`` (:mod:`gpscale.operators`).
+        Default: dense, through its Cholesky factor, with ``jitter`` on the diagonal; structured features override
+        this."""
+        Kuu = self.Kuu().to(CORE)
+        return DenseSPD(Kuu + jitter * torch.eye(Kuu.shape[0], dtype=CORE, device=Kuu.device),
+                        what="inducing covariance Kuu")
 
 
 def gauss_kl_whitened(q_mu: Tensor, q_sqrt: Tensor) -> Tensor:
@@ -128,3 +151,168 @@ class VariationalGP(GPModel):
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         return self.conditional(X, self.cache["Lu"], self.cache["q_mu"], self.cache["q_sqrt"])
+
+
+class OrthogonallyDecoupledGP(GPModel):
+    """The orthogonally decoupled SVGP (see the module docstring), trained on minibatches.
+
+    Subclasses set ``self.features`` (the covariance basis beta, an :class:`InducingFeatures`) and call
+    :meth:`init_variational` once the sizes are known; ``init`` places gamma.
+
+    Args:
+        n_mean_inducing: M_g, the inducing inputs of the mean basis gamma (0: an SVGP on the features).
+        natural_gradients: take a natural-gradient step on (m, S) before every Adam step, and leave them out of
+            Adam (default True, as the paper).
+        natgrad_step: that step's size rho (default 0.1; 1 reaches the optimum of (m, S) in one step for a
+            Gaussian likelihood on the full batch; minibatches need rho <= 0.1). A step that would make S
+            indefinite is halved until it does not.
+        jitter: added to the diagonal of a dense Kbb (inducing points), absolute.
+    """
+
+    sizes_capped_by_rows = ("n_mean_inducing",)
+
+    def __init__(self, n_features: int, *, n_mean_inducing: int = 0, natural_gradients: bool = True,
+                 natgrad_step: float = 0.1, jitter: float = 1e-6, **kwargs):
+        super().__init__(n_features, **kwargs)
+        if int(n_mean_inducing) != n_mean_inducing or n_mean_inducing < 0:
+            raise ValueError(f"n_mean_inducing must be a non-negative integer, got {n_mean_inducing}.")
+        if not 0 < natgrad_step <= 1:
+            raise ValueError(f"natgrad_step must be in (0, 1], got {natgrad_step}.")
+        self.n_mean_inducing = int(n_mean_inducing)
+        self.natural_gradients = bool(natural_gradients)
+        self.natgrad_step = float(natgrad_step)
+        self.jitter = float(jitter)
+        self.gamma = nn.Parameter(torch.zeros(self.n_mean_inducing, self.n_features))
+        self.a_gamma = nn.Parameter(torch.zeros(self.n_mean_inducing))
+
+    def init_variational(self, m: int) -> None:
+        self.q_mu = nn.Parameter(torch.zeros(m))
+        self.q_sqrt_raw = nn.Parameter(torch.eye(m))  # only its lower triangle is used
+
+    def init_mean_basis(self, X: Tensor, seed: int) -> None:
+        """gamma at k-means centres of the rows of X, a = 0."""
+        if self.n_mean_inducing > X.shape[0]:
+            raise ValueError(f"n_mean_inducing={self.n_mean_inducing} exceeds the {X.shape[0]} training rows; pass "
+                             "at most one mean inducing point per row.")
+        if self.n_mean_inducing:
+            with torch.no_grad():
+                self.gamma.copy_(kmeans_centers(X, self.n_mean_inducing, seed))
+                self.a_gamma.zero_()
+
+    def init_prior_covariance(self) -> None:
+        """S = Kbb: q(beta) starts at the prior, so q(f) does (spec §5.1 step 5)."""
+        with torch.no_grad():
+            self.q_sqrt_raw.copy_(cholesky(self.Kbb().to_dense(), what="Kbb"))
+
+    @property
+    def q_sqrt(self) -> Tensor:
+        """L_S [M_b, M_b], lower triangular, S = L_S L_S^T."""
+        return torch.tril(self.q_sqrt_raw)
+
+    def Kbb(self):
+        """The covariance of the features, as an operator (float64)."""
+        return self.features.Kuu_operator(self.jitter)
+
+    def parameter_groups(self) -> list[dict]:
+        natural = {id(self.q_mu), id(self.q_sqrt_raw)} if self.natural_gradients else set()
+        return [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in natural]}]
+
+    # --- the objective ------------------------------------------------------------------------------------
+    def _mean_weights(self, Kbb, q_mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64)."""
+        a = self.a_gamma.to(CORE)
+        c = self.features.Kuf(self.gamma).to(CORE) @ a if self.n_mean_inducing else torch.zeros_like(q_mu)
+        return a, Kbb.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c
+
+    def moments(self, X: Tensor, Kbb, q_mu: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of q(f) at X [b, d] (float64) for q(beta) = N(q_mu, S)."""
+        a, w, _ = self._mean_weights(Kbb, q_mu)
+        Kbx = self.features.Kuf(X).to(CORE)  # [M_b, b]
+        A = Kbb.solve(Kbx)  # Kbb^{-1} phi(x)
+        mean = Kbx.T @ w
+        if self.n_mean_inducing:
+            mean = mean + self.kernel(X, self.gamma).to(CORE) @ a
+        # k(x, x) - phi^T Kbb^{-1} phi >= 0 in exact arithmetic; the clamp removes round-off only
+        residual = (self.features.Kff_diag(X).to(CORE) - (Kbx * A).sum(0)).clamp_min(0.0)
+        return mean, residual + (A * (S @ A)).sum(0)
+
+    def prior_kl(self, Kbb, q_mu: Tensor, S: Tensor, logdet_S: Tensor) -> Tensor:
+        a, _, c = self._mean_weights(Kbb, q_mu)
+        Kinv_S = Kbb.solve(S)
+        kl_beta = 0.5 * (torch.trace(Kinv_S) - q_mu.shape[0] + Kbb.logdet() - logdet_S
+                         + q_mu @ Kbb.solve(q_mu.unsqueeze(-1)).squeeze(-1))
+        if not self.n_mean_inducing:
+            return kl_beta
+        # a^T (Kgg - Kgb Kbb^{-1} Kbg) a without factorising anything M_g x M_g (pitfall 9)
+        Kgg = self.kernel(self.gamma, self.gamma).to(CORE)
+        orthogonal = a @ Kgg @ a - c @ Kbb.solve(c.unsqueeze(-1)).squeeze(-1)
+        return kl_beta + 0.5 * orthogonal.clamp_min(0.0)
+
+    def _elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor, S: Tensor, logdet_S: Tensor) -> Tensor:
+        Kbb = self.Kbb()
+        mean, var = self.moments(X, Kbb, q_mu, S)
+        expected = self.likelihood.expected_log_prob(y.to(CORE), mean, var).sum()
+        return (num_data / X.shape[0]) * expected - self.prior_kl(Kbb, q_mu, S, logdet_S)
+
+    def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points (float64)."""
+        L = self.q_sqrt.to(CORE)
+        return self._elbo(X, y, num_data, self.q_mu.to(CORE), L @ L.T, logdet_from_cholesky(L))
+
+    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return -self.elbo(X, y, num_data) / num_data
+
+    # --- natural gradients --------------------------------------------------------------------------------
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int) -> None:
+        """One natural-gradient step of size ``natgrad_step`` on q(beta) = N(m, S), the rest fixed (spec §5.2):
+
+            theta_1 = S^{-1} m + rho (g_m - 2 g_S m),    theta_2 = -1/2 S^{-1} + rho g_S,
+            S <- (-2 theta_2)^{-1},    m <- S theta_1,
+
+        with g_m, g_S the ELBO's gradients with respect to m and S (symmetrised). A step whose -2 theta_2 is
+        not positive definite is halved, at most 10 times; then (m, S) stay."""
+        if not self.natural_gradients:
+            return
+        with torch.no_grad():
+            L = self.q_sqrt.to(CORE)
+            m = self.q_mu.detach().to(CORE).clone().requires_grad_(True)
+            S = (L @ L.T).requires_grad_(True)
+        elbo = self._elbo(X, y, num_data, m, S, 2 * torch.log(torch.diagonal(cholesky(S, what="S"))).sum())
+        g_m, g_S = torch.autograd.grad(elbo, [m, S])
+        with torch.no_grad():
+            g_S = 0.5 * (g_S + g_S.T)
+            S_inv = torch.cholesky_inverse(L)
+            rho = self.natgrad_step
+            for _ in range(10):
+                theta_1 = S_inv @ m + rho * (g_m - 2 * g_S @ m)
+                precision = S_inv - 2 * rho * g_S  # -2 theta_2
+                try:
+                    L_precision = cholesky(0.5 * (precision + precision.T), max_tries=0, what="new S^{-1}")
+                except NotPSDError:
+                    rho /= 2
+                    continue
+                S_new = torch.cholesky_inverse(L_precision)
+                self.q_sqrt_raw.copy_(torch.linalg.cholesky(0.5 * (S_new + S_new.T)).to(self.q_sqrt_raw))
+                self.q_mu.copy_((S_new @ theta_1).to(self.q_mu))
+                return
+
+    # --- posterior ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        # q is the posterior: cache Kbb's Cholesky factor, L_S, the mean weights and gamma
+        Kbb = self.Kbb()
+        _, w, _ = self._mean_weights(Kbb, self.q_mu.to(CORE))
+        self.cache = {"L_bb": cholesky(Kbb.to_dense(), what="Kbb"), "L_S": self.q_sqrt.detach().to(CORE).clone(),
+                      "w": w, "a": self.a_gamma.detach().to(CORE).clone(), "gamma": self.gamma.detach().clone()}
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        Kbx = self.features.Kuf(X).to(CORE)
+        V = solve_lower(self.cache["L_bb"], Kbx)  # L_bb^{-1} phi: ||V||^2 = phi^T Kbb^{-1} phi
+        A = solve_upper(self.cache["L_bb"].T, V)  # Kbb^{-1} phi
+        mean = Kbx.T @ self.cache["w"]
+        if self.n_mean_inducing:
+            mean = mean + self.kernel(X, self.cache["gamma"]).to(CORE) @ self.cache["a"]
+        residual = (self.features.Kff_diag(X).to(CORE) - (V * V).sum(0)).clamp_min(0.0)
+        SA = self.cache["L_S"].T @ A
+        return mean.to(X.dtype), (residual + (SA * SA).sum(0)).to(X.dtype)
+

@@ -65,6 +65,7 @@ class GPModel(nn.Module):
     """
 
     key: str = ""
+    sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
     full_batch: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
@@ -108,6 +109,10 @@ class GPModel(nn.Module):
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - interface
         """Latent posterior mean and variance [c] at the rows of X [c, d], from ``self.cache``."""
         raise NotImplementedError
+
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int) -> None:
+        """A step on the variational parameters that the optimiser does not see, taken before each of its steps
+        on the same minibatch. Default: nothing."""
 
     # --- shared machinery -------------------------------------------------------------------------------
     @torch.no_grad()

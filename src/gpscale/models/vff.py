@@ -6,7 +6,10 @@ D (2F + 1) features with K_uu block diagonal over dimensions, or product, (2F + 
 product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperparameters.
 
 ``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.sgpr.CollapsedGP`), trained
-full batch.
+full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
+covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`)
+with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
+form (spec §4.7).
 
 The box is fixed at ``init`` from the training inputs: ``[min - margin r, max + margin r]`` per column, r its range.
 The induced kernel is accurate only a few lengthscales inside the box (at its ends the residual is about s^2 / 2 for
@@ -24,15 +27,25 @@ from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel
 from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
-from ..operators import BlockDiagonal, Kronecker
-from ._variational import CORE, InducingFeatures
+from ..operators import BlockDiagonal, DiagPlusLowRank, Kronecker
+from ._variational import CORE, InducingFeatures, OrthogonallyDecoupledGP
 from .base import register
 from .sgpr import CollapsedGP
 
-__all__ = ["FourierFeatures", "VFF", "STRUCTURES", "separable_kernel"]
+__all__ = ["FourierFeatures", "VFF", "ODVFF", "VFFSVGP", "STRUCTURES", "separable_kernel"]
 
 STRUCTURES = ("additive", "product")
 _NUS = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+
+
+def _check_fourier_options(n_features: int, n_frequencies: int, structure: str, margin: float) -> None:
+    if int(n_frequencies) != n_frequencies or n_frequencies < 1:
+        raise ValueError(f"n_frequencies must be a positive integer, got {n_frequencies}.")
+    if not margin > 0:
+        raise ValueError(f"margin must be positive, got {margin}.")
+    if structure == "product" and n_features > 3:
+        raise ValueError(f"structure='product' has (2F + 1)^D features: not usable for D = {n_features} > 3. "
+                         "Use structure='additive'.")
 
 
 def separable_kernel(kernel: str | Kernel, structure: str, n_features: int, lengthscale: float,
@@ -81,14 +94,21 @@ class FourierFeatures(InducingFeatures):
     def _intervals(self) -> list[tuple[float, float]]:
         return list(zip(self.lower.tolist(), self.upper.tolist()))
 
-    def Kuu_operator(self) -> BlockDiagonal | Kronecker:
+    def Kuu_operator(self, jitter: float = 0.0) -> BlockDiagonal | Kronecker:
         """K_uu in its structure (float64): blocks per dimension (additive) or a Kronecker product (product, with
-        s^2 on the first factor)."""
+        s^2 on the first factor). It needs no jitter (its diagonal is bounded below by the integral term); a
+        ``jitter`` is added to the diagonal of the additive blocks."""
         ls = self.kernel.lengthscale.to(CORE)
         if self.additive:
             variance = self.kernel.variance.to(CORE)
-            return BlockDiagonal([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
-                                  for d, (a, b) in enumerate(self._intervals())])
+            blocks = [vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
+                      for d, (a, b) in enumerate(self._intervals())]
+            if jitter:
+                blocks = [BlockDiagonal([DiagPlusLowRank(part.d + jitter, part.W) for part in block.blocks])
+                          for block in blocks]
+            return BlockDiagonal(blocks)
+        if jitter:
+            raise ValueError("A product-kernel K_uu takes no jitter (it would not stay a Kronecker product).")
         one = torch.ones((), dtype=CORE, device=ls.device)
         return Kronecker([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d],
                                   self.kernel.outputscale.to(CORE) if d == 0 else one)
@@ -142,13 +162,7 @@ class VFF(CollapsedGP):
 
     def __init__(self, n_features: int, n_frequencies: int = 32, structure: str = "additive",
                  margin: float = 1.0, kernel: str | Kernel = "matern32", **kwargs):
-        if int(n_frequencies) != n_frequencies or n_frequencies < 1:
-            raise ValueError(f"n_frequencies must be a positive integer, got {n_frequencies}.")
-        if not margin > 0:
-            raise ValueError(f"margin must be positive, got {margin}.")
-        if structure == "product" and n_features > 3:
-            raise ValueError(f"structure='product' has (2F + 1)^D features: not usable for D = {n_features} > 3. "
-                             "Use structure='additive'.")
+        _check_fourier_options(n_features, n_frequencies, structure, margin)
         base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
                                 kwargs.pop("outputscale", 1.0))
         kwargs.pop("ard", None)  # separable kernels have a lengthscale per dimension
@@ -169,3 +183,55 @@ class VFF(CollapsedGP):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         self.fourier.check_margin(X)
         super().fit_posterior(X, y, comm)
+
+
+@register("odvff")
+class ODVFF(OrthogonallyDecoupledGP):
+    """Orthogonally decoupled variational Fourier features: Fourier features for the covariance (and part of the
+    mean), inducing points gamma for the rest of the mean; minibatch training with natural gradients on q(beta).
+
+    Args:
+        n_frequencies: F: 2F + 1 features per dimension (default 16).
+        n_mean_inducing: M_g, the inducing points of the mean basis (default 300, the paper's |gamma|).
+        structure, margin, kernel: as :class:`VFF`.
+        learn_inducing: optimise gamma.
+        **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` (default 0: K_uu needs none) and the options
+            of :class:`GPModel`.
+    """
+
+    def __init__(self, n_features: int, n_frequencies: int = 16, n_mean_inducing: int = 300,
+                 structure: str = "additive", margin: float = 1.0, kernel: str | Kernel = "matern32",
+                 learn_inducing: bool = True, jitter: float = 0.0, **kwargs):
+        _check_fourier_options(n_features, n_frequencies, structure, margin)
+        base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
+                                kwargs.pop("outputscale", 1.0))
+        kwargs.pop("ard", None)
+        super().__init__(n_features, kernel=base, n_mean_inducing=n_mean_inducing, jitter=jitter, **kwargs)
+        self.margin = float(margin)
+        self.structure = structure
+        self.features = FourierFeatures(self.kernel, int(n_frequencies))
+        self.gamma.requires_grad_(learn_inducing)
+        self.init_variational(self.features.num_inducing)
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        self.features.set_box(*box_with_margin(X, self.margin))
+        self.init_mean_basis(X, seed)
+        self.init_prior_covariance()
+
+    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
+        self.features.check_margin(X)
+        super().fit_posterior(X, y, comm)
+
+
+@register("vff-svgp")
+class VFFSVGP(ODVFF):
+    """VFF in its SVGP form: :class:`ODVFF` without the mean basis (n_mean_inducing = 0), q(beta) = N(m, S) full."""
+
+    sizes_capped_by_rows = ()
+
+    def __init__(self, n_features: int, **kwargs):
+        if kwargs.get("n_mean_inducing", 0):
+            raise ValueError("vff-svgp has no mean basis; use method='odvff' for n_mean_inducing > 0.")
+        kwargs["n_mean_inducing"] = 0
+        super().__init__(n_features, **kwargs)
+

@@ -1,0 +1,42 @@
+"""ODVGP: the orthogonally decoupled variational GP with inducing points in both bases (Salimbeni, Cheng, Boots &
+Deisenroth 2018a; spec shared/specs/odvff.md §4.7): beta = f(Z) [M_b, d] carries the covariance and part of the
+mean, gamma [M_g, d] the rest of the mean, on the engine's :class:`~gpscale.models._variational.
+OrthogonallyDecoupledGP`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._variational import OrthogonallyDecoupledGP
+from .base import register
+from .inducing import kmeans_centers
+from .svgp import InducingPoints
+
+__all__ = ["ODVGP"]
+
+
+@register("odvgp")
+class ODVGP(OrthogonallyDecoupledGP):
+    """Orthogonally decoupled SVGP with inducing points.
+
+    Args:
+        n_inducing: M_b, the inducing points of the covariance basis (default 100, the paper's |beta|).
+        n_mean_inducing: M_g, the inducing points of the mean basis (default 300, the paper's |gamma|).
+        learn_inducing: optimise Z and gamma.
+        **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` and the options of :class:`GPModel`.
+    """
+
+    def __init__(self, n_features: int, n_inducing: int = 100, n_mean_inducing: int = 300,
+                 learn_inducing: bool = True, **kwargs):
+        super().__init__(n_features, n_mean_inducing=n_mean_inducing, **kwargs)
+        self.n_inducing = int(n_inducing)
+        self.features = InducingPoints(self.kernel, self.n_inducing, self.n_features, learn=learn_inducing)
+        self.gamma.requires_grad_(learn_inducing)
+        self.init_variational(self.n_inducing)
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        with torch.no_grad():
+            self.features.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
+        self.init_mean_basis(X, seed + 1)
+        self.init_prior_covariance()

@@ -1,0 +1,272 @@
+"""The orthogonally decoupled engine (odvff, odvgp, vff-svgp) against dense formulas, the paper's closed-form
+optimum and the exact GP (spec odvff.md §10, checks 6-11 and 14)."""
+import pytest
+import torch
+from torch.distributions import MultivariateNormal
+
+from gpscale import GPRegressor
+from gpscale.kernels import AdditiveMatern
+from gpscale.models.exact import ExactGP
+from gpscale.models.odvgp import ODVGP
+from gpscale.models.svgp import SVGP
+from gpscale.models.vff import ODVFF, VFF, VFFSVGP
+from gpscale.train import fit
+
+F64 = torch.float64
+
+
+def problem(n=60, d=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=F64)
+    y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(n, generator=g, dtype=F64)
+    return X, y
+
+
+def odvff(X, y, F=5, n_mean=0, noise=0.05, **kw):
+    model = ODVFF(X.shape[1], n_frequencies=F, n_mean_inducing=n_mean, lengthscale=0.2, noise=noise, **kw).double()
+    model.init(X, y)
+    return model
+
+
+def randomise(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        M = model.q_mu.shape[0]
+        model.q_mu.copy_(torch.randn(M, generator=g, dtype=F64))
+        model.q_sqrt_raw.copy_(torch.tril(0.3 * torch.randn(M, M, generator=g, dtype=F64)) + torch.eye(M, dtype=F64))
+        model.a_gamma.copy_(torch.randn(model.n_mean_inducing, generator=g, dtype=F64))
+
+
+def dense(model, X):
+    """K_bb, K_bx, K_bg, K_gg, K_gx, k_xx as dense matrices."""
+    f = model.features
+    return (f.Kuu_operator().to_dense(), f.Kuf(X).to(F64), f.Kuf(model.gamma).to(F64),
+            model.kernel(model.gamma, model.gamma), model.kernel(model.gamma, X), model.kernel(X, X))
+
+
+def dense_elbo(model, X, y):
+    """Spec §4.2-4.3 written out with dense solves."""
+    Kbb, Kbx, Kbg, Kgg, Kgx, Kxx = dense(model, X)
+    m, L, a = model.q_mu, model.q_sqrt, model.a_gamma
+    S = L @ L.T
+    Kinv = torch.linalg.inv(Kbb)
+    mean = Kgx.T @ a + Kbx.T @ Kinv @ (m - Kbg @ a)
+    var = torch.diagonal(Kxx) + ((Kinv @ Kbx) * ((S - Kbb) @ Kinv @ Kbx)).sum(0)
+    s2 = model.noise
+    expected = (-0.5 * torch.log(2 * torch.pi * s2) - 0.5 * ((y - mean) ** 2 + var) / s2).sum()
+    kl = torch.distributions.kl_divergence(MultivariateNormal(m, S), MultivariateNormal(torch.zeros_like(m), Kbb))
+    kl = kl + 0.5 * (a @ Kgg @ a - a @ Kbg.T @ Kinv @ Kbg @ a)
+    return expected - kl, mean, var
+
+
+def test_6_at_initialisation_q_is_the_prior():
+    X, y = problem()
+    model = odvff(X, y, n_mean=10)
+    Kbb = model.Kbb()
+    L = model.q_sqrt.to(F64)
+    with torch.no_grad():
+        mean, var = model.moments(X, Kbb, model.q_mu, L @ L.T)
+        kl = model.prior_kl(Kbb, model.q_mu, L @ L.T, 2 * torch.log(torch.diagonal(L)).sum())
+    assert mean.abs().max() == 0
+    torch.testing.assert_close(var, model.kernel.diag(X), rtol=1e-9, atol=1e-9)
+    assert abs(kl.item()) < 1e-9
+
+
+@pytest.mark.parametrize("n_mean", [0, 7])
+def test_8_the_elbo_equals_the_dense_formulas(n_mean):
+    X, y = problem(40, 2)
+    model = odvff(X, y, F=4, n_mean=n_mean)
+    randomise(model)
+    with torch.no_grad():
+        expected, mean, var = dense_elbo(model, X, y)
+        ours = model.elbo(X, y, X.shape[0])
+        model.fit_posterior(X, y)
+        predicted = model.predict(X)
+    torch.testing.assert_close(ours, expected, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(predicted[0], mean, rtol=1e-8, atol=1e-9)
+    torch.testing.assert_close(predicted[1], var, rtol=1e-7, atol=1e-9)
+
+
+def test_7_the_orthogonal_kl_term_is_the_joint_quadratic_form():
+    X, y = problem(40, 1)
+    model = odvff(X, y, n_mean=6)
+    randomise(model)
+    Kbb, _, Kbg, Kgg, _, _ = dense(model, X)
+    a, m = model.a_gamma.detach(), model.q_mu.detach()
+    w = torch.linalg.solve(Kbb, m - Kbg @ a)
+    a_alpha = torch.cat([a, w])
+    K_alpha = torch.cat([torch.cat([Kgg, Kbg.T], 1), torch.cat([Kbg, Kbb], 1)])
+    joint = a_alpha @ K_alpha @ a_alpha
+    split = a @ (Kgg - Kbg.T @ torch.linalg.solve(Kbb, Kbg)) @ a + m @ torch.linalg.solve(Kbb, m)
+    torch.testing.assert_close(joint, split, rtol=1e-10, atol=1e-10)
+
+
+def test_8_with_inducing_points_and_no_mean_basis_it_is_the_whitened_svgp():
+    X, y = problem(50, 2)
+    decoupled = ODVGP(2, n_inducing=8, n_mean_inducing=0, lengthscale=0.3, noise=0.1, jitter=1e-6).double()
+    decoupled.init(X, y)
+    randomise(decoupled)
+    svgp = SVGP(2, n_inducing=8, lengthscale=0.3, noise=0.1, jitter=1e-6).double()
+    with torch.no_grad():
+        svgp.features.Z.copy_(decoupled.features.Z)
+        Lu = svgp.Lu()  # q(u) = N(m, S)  <=>  q(v) = N(Lu^-1 m, Lu^-1 S Lu^-T)
+        svgp.q_mu.copy_(torch.linalg.solve_triangular(Lu, decoupled.q_mu.unsqueeze(-1), upper=False).squeeze(-1))
+        svgp.q_sqrt_raw.copy_(torch.linalg.solve_triangular(Lu, decoupled.q_sqrt, upper=False))
+        torch.testing.assert_close(decoupled.elbo(X, y, 50), svgp.elbo(X, y, 50), rtol=1e-9, atol=1e-9)
+
+
+def closed_form_optimum(model, X, y):
+    """Spec §4.4 (App. B): the optimal (a, m, S) of the Gaussian full-batch ELBO for fixed theta and gamma."""
+    Kbb, Kbx, Kbg, Kgg, Kgx, _ = dense(model, X)
+    s2 = model.noise.detach()
+    S = Kbb @ torch.linalg.solve(Kbb + Kbx @ Kbx.T / s2, Kbb)
+    K_alpha = torch.cat([torch.cat([Kgg, Kbg.T], 1), torch.cat([Kbg, Kbb], 1)])
+    K_alpha_x = torch.cat([Kgx, Kbx])
+    a_alpha = torch.linalg.solve(K_alpha_x @ K_alpha_x.T + s2 * K_alpha, K_alpha_x @ y)
+    Mg = model.n_mean_inducing
+    a, w = a_alpha[:Mg], a_alpha[Mg:]
+    with torch.no_grad():
+        model.a_gamma.copy_(a)
+        model.q_mu.copy_(Kbb @ w + Kbg @ a)
+        model.q_sqrt_raw.copy_(torch.linalg.cholesky(0.5 * (S + S.T)))
+
+
+def optimal_elbo(model, X, y):
+    closed_form_optimum(model, X, y)
+    with torch.no_grad():
+        return model.elbo(X, y, X.shape[0]).item()
+
+
+def test_8_at_the_optimum_the_svgp_form_equals_the_collapsed_vff_bound():
+    X, y = problem(70, 1)
+    for F in (5, 20):
+        svgp_form = odvff(X, y, F=F)
+        collapsed = VFF(1, n_frequencies=F, lengthscale=0.2, noise=0.05, kernel=svgp_form.kernel).double()
+        collapsed.init(X, y)
+        with torch.no_grad():
+            collapsed.fourier.set_box(svgp_form.features.lower, svgp_form.features.upper)
+            bound = collapsed.elbo(X, y).item()
+        assert optimal_elbo(svgp_form, X, y) == pytest.approx(bound, rel=1e-10, abs=1e-8)
+
+
+def test_9_with_gamma_at_every_training_input_the_mean_is_the_exact_gps():
+    X, y = problem(40, 1)
+    model = odvff(X, y, F=3, n_mean=40)
+    with torch.no_grad():
+        model.gamma.copy_(X)
+    closed_form_optimum(model, X, y)
+    exact = ExactGP(1, kernel=model.kernel, noise=0.05).double()
+    exact.fit_posterior(X, y)
+    model.fit_posterior(X, y)
+    Xt = problem(30, 1, seed=5)[0]
+    torch.testing.assert_close(model.predict(Xt)[0], exact.predict(Xt)[0], rtol=0, atol=1e-7)
+
+
+def test_10_the_optimal_bound_grows_with_the_mean_basis_and_stays_below_the_evidence():
+    X, y = problem(60, 1)
+    elbos = []
+    for gamma in (X[:0], X[::6], X[::2], X):
+        model = odvff(X, y, F=5, n_mean=gamma.shape[0])
+        with torch.no_grad():
+            model.gamma.copy_(gamma)
+        elbos.append(optimal_elbo(model, X, y))
+    exact = ExactGP(1, kernel=model.kernel, noise=0.05).double()
+    with torch.no_grad():
+        evidence = exact.log_marginal_likelihood(X, y).item()
+    assert elbos == sorted(elbos) and elbos[-1] <= evidence + 1e-8
+
+
+def test_11_one_natural_gradient_step_of_one_reaches_the_optimum_of_q_beta():
+    X, y = problem(50, 1)
+    model = odvff(X, y, F=4, n_mean=5, natgrad_step=1.0)
+    randomise(model)
+    Kbb, Kbx, Kbg, _, Kgx, _ = dense(model, X)
+    s2 = model.noise.detach()
+    a = model.a_gamma.detach()
+    c = (Kgx.T - Kbx.T @ torch.linalg.solve(Kbb, Kbg)) @ a
+    Kinv = torch.linalg.inv(Kbb)
+    S_star = torch.linalg.inv(Kinv + Kinv @ Kbx @ Kbx.T @ Kinv / s2)
+    m_star = S_star @ Kinv @ Kbx @ (y - c) / s2
+    model.natural_gradient_step(X, y, X.shape[0])
+    L = model.q_sqrt.detach()
+    torch.testing.assert_close(L @ L.T, S_star, rtol=1e-7, atol=1e-8)
+    torch.testing.assert_close(model.q_mu.detach(), m_star, rtol=1e-7, atol=1e-8)
+    before = (model.q_mu.detach().clone(), L.clone())
+    model.natural_gradient_step(X, y, X.shape[0])
+    torch.testing.assert_close(model.q_mu.detach(), before[0], rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(model.q_sqrt.detach(), before[1], rtol=1e-8, atol=1e-8)
+
+
+def test_natural_gradients_leave_q_beta_out_of_adam():
+    X, y = problem(30, 1)
+    model = odvff(X, y, n_mean=3)
+    adam = {id(p) for group in model.parameter_groups() for p in group["params"]}
+    assert id(model.q_mu) not in adam and id(model.q_sqrt_raw) not in adam and id(model.a_gamma) in adam
+    plain = odvff(X, y, n_mean=3, natural_gradients=False)
+    adam = {id(p) for group in plain.parameter_groups() for p in group["params"]}
+    assert id(plain.q_mu) in adam and id(plain.q_sqrt_raw) in adam
+
+
+def test_14_the_elbo_gradient_passes_gradcheck():
+    X, y = problem(12, 1)
+    model = odvff(X, y, F=2, n_mean=3)
+    randomise(model)
+    params = [model.kernel.raw_lengthscale, model.kernel.raw_variance, model.likelihood.raw_noise, model.gamma,
+              model.a_gamma, model.q_mu, model.q_sqrt_raw]
+    # gradcheck perturbs its inputs in place: here the model's own parameters, which elbo() reads
+    assert torch.autograd.gradcheck(lambda *_: model.elbo(X, y, 12), params)
+
+
+def test_training_odvff_beats_vff_svgp_when_the_features_are_too_few():
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(1500, 1, generator=g, dtype=F64)
+    f = lambda x: torch.sin(15 * x[:, 0]) + 0.3 * torch.sin(45 * x[:, 0])  # noqa: E731
+    y = f(X) + 0.1 * torch.randn(1500, generator=g, dtype=F64)
+    Xt = torch.rand(400, 1, generator=g, dtype=F64)
+    scores = {}
+    for name, model in [("vff-svgp", VFFSVGP(1, n_frequencies=5).double()),
+                        ("odvff", ODVFF(1, n_frequencies=5, n_mean_inducing=60).double())]:
+        fit(model, X, y, epochs=30, batch_size=300, lr=0.03, progress=False)
+        mean, var = model.predict(Xt)
+        scores[name] = (((mean - f(Xt)) ** 2).mean().sqrt().item(),
+                        -model.likelihood.log_predictive_density(f(Xt), mean, var).mean().item())
+    assert scores["odvff"][0] < 0.5 * scores["vff-svgp"][0]  # 11 features cannot carry the 45-rad/unit part
+    assert scores["odvff"][1] < scores["vff-svgp"][1]
+
+
+@pytest.mark.parametrize("method", ["odvff", "odvgp", "vff-svgp"])
+def test_regressor_fits_predicts_and_round_trips(method, tmp_path):
+    X, y = problem(80, 2)
+    options = {"n_frequencies": 4} if method != "odvgp" else {"n_inducing": 10}
+    reg = GPRegressor(method=method, epochs=5, batch_size=40, lr=0.05, progress=False, **options)
+    reg.fit(X.numpy(), y.numpy())
+    if method != "vff-svgp":
+        assert reg.model_.n_mean_inducing == 80  # the default 300 capped at the training rows
+    mean, std = reg.predict(X.numpy(), return_std=True)
+    path = tmp_path / "model.gps"
+    reg.save(path)
+    torch.testing.assert_close(torch.as_tensor(GPRegressor.load(path).predict(X.numpy())), torch.as_tensor(mean))
+    assert (std > 0).all()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(n_mean_inducing=-1), "non-negative"),
+    (dict(natgrad_step=0.0), "natgrad_step"),
+    (dict(kernel="rbf"), "Matérn"),
+])
+def test_bad_options_get_a_clear_error(options, message):
+    with pytest.raises(ValueError, match=message):
+        ODVFF(2, **options)
+
+
+def test_too_many_mean_inducing_points_get_a_clear_error():
+    X, y = problem(10, 1)
+    with pytest.raises(ValueError, match="exceeds the 10 training rows"):
+        ODVFF(1, n_mean_inducing=20).double().init(X, y)
+    with pytest.raises(ValueError, match="no mean basis"):
+        VFFSVGP(1, n_mean_inducing=3)
+
+
+def test_additive_kernel_objects_are_accepted():
+    model = ODVFF(2, kernel=AdditiveMatern(2, nu=2.5))
+    assert model.kernel.nu == 2.5 and model.features.num_inducing == 2 * 33

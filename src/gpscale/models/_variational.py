@@ -81,6 +81,8 @@ class VariationalGP(GPModel):
         jitter: added to the diagonal of Kuu (absolute).
     """
 
+    likelihoods = ("gaussian", "bernoulli")
+
     def __init__(self, n_features: int, *, jitter: float = 1e-6, **kwargs):
         super().__init__(n_features, **kwargs)
         self.jitter = float(jitter)
@@ -168,6 +170,8 @@ class OrthogonallyDecoupledGP(GPModel):
             indefinite is halved until it does not.
         jitter: added to the diagonal of a dense Kbb (inducing points), absolute.
     """
+
+    likelihoods = ("gaussian", "bernoulli")
 
     sizes_capped_by_rows = ("n_mean_inducing",)
 

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, make_kernel
-from ..likelihoods import Gaussian
+from ..likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["GPModel", "register", "get_model_class", "available_methods", "NotFittedPosteriorError"]
 
@@ -55,6 +55,8 @@ class GPModel(nn.Module):
         lengthscale, outputscale: initial kernel hyperparameters (default ln 2 = softplus(0), as GPyTorch).
         noise: initial noise variance of standardised y (default ln 2); fixed if ``learn_noise=False``.
         noise_floor: lower bound of a learned noise variance.
+        likelihood: ``'gaussian'``, or ``'bernoulli'`` (probit; labels -1 / +1) for the methods whose objective
+            takes any likelihood through its expected log-likelihood (``likelihoods``).
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds), and
@@ -66,6 +68,7 @@ class GPModel(nn.Module):
 
     key: str = ""
     sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
+    likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
@@ -81,6 +84,7 @@ class GPModel(nn.Module):
         noise: float = SOFTPLUS_ZERO,
         learn_noise: bool = True,
         noise_floor: float = 1e-6,
+        likelihood: str = "gaussian",
         chunk_size: int = 8192,
     ):
         super().__init__()
@@ -91,7 +95,11 @@ class GPModel(nn.Module):
         else:
             self.kernel = make_kernel(kernel, self.n_features, ard=ard, lengthscale=lengthscale,
                                       outputscale=outputscale)
-        self.likelihood = Gaussian(noise=noise, learn_noise=learn_noise, noise_floor=noise_floor)
+        if likelihood in LIKELIHOODS and likelihood not in self.likelihoods:
+            raise ValueError(f"Method {self.key or type(self).__name__!r} supports the likelihoods "
+                             f"{self.likelihoods}, not {likelihood!r}; for a Bernoulli likelihood use a variational "
+                             "method (svgp, odvgp, odvff, vff-svgp).")
+        self.likelihood = make_likelihood(likelihood, noise=noise, learn_noise=learn_noise, noise_floor=noise_floor)
         self.cache: dict[str, Tensor] = {}
 
     # --- the contract -----------------------------------------------------------------------------------

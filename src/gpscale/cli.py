@@ -117,6 +117,15 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--lengthscale", type=float, default=None, help="SE lengthscale (default sqrt(d))")
     q.add_argument("--seed", type=int, default=None, help="default 0")
     q.set_defaults(run=_figures_grief)
+    q = fig_sub.add_parser("odvff-banana", help="ODVFF paper, Fig. 4 (probit classification, ODVFF vs SVGP)",
+                           description="Two moons stand in for the paper's banana set (about a minute on a CPU); "
+                                       "see docs/odvff.md.")
+    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    q.add_argument("--n-train", type=int, default=None, help="training points (default 400)")
+    q.add_argument("--epochs", type=int, default=None, help="epochs of batch 100 (default 300)")
+    q.add_argument("--n-frequencies", type=int, default=None, help="ODVFF's F per dimension (default 6)")
+    q.add_argument("--seed", type=int, default=None, help="default 0")
+    q.set_defaults(run=_figures_odvff_banana)
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -229,6 +238,15 @@ def _figures_grief(args) -> None:
     figure2(args.out, **settings)
     for suffix in (".png", ".json"):
         print(f"wrote {args.out / (FILE_STEM + suffix)}")
+
+
+def _figures_odvff_banana(args) -> None:
+    from .bench.figures_odvff import BananaSettings, banana_figure
+
+    given = {name: getattr(args, name) for name in ("n_train", "epochs", "n_frequencies", "seed")
+             if getattr(args, name) is not None}  # the defaults live in figures_odvff
+    for path in banana_figure(args.out, BananaSettings(**given)):
+        print(f"wrote {path}")
 
 
 def _names(text: str) -> list[str]:

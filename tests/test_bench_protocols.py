@@ -51,7 +51,7 @@ def test_labels_are_unique(name):
 def test_model_options_are_accepted(name):
     for spec in PROTOCOLS[name].methods:
         if spec.key.startswith("gpytorch-"):  # the peers train for a fixed budget: no validation options
-            assert set(spec.options) <= {"epochs", "batch_size", "lr", "n_inducing"}, (name, spec.name)
+            assert set(spec.options) <= {"epochs", "batch_size", "lr", "n_inducing", "kernel"}, (name, spec.name)
             continue
         for overrides in [{}, *spec.dataset_overrides.values()]:  # as the runner merges them per dataset
             options = {k: v for k, v in {**spec.options, **overrides}.items() if k not in TRAINING_OPTIONS}
@@ -301,3 +301,48 @@ def test_grief_table1_smoke_run_on_challenger(tmp_path):
     assert all(r["rmse_original"] == pytest.approx(r["rmse"] * y_std, rel=1e-12) for r in runs)
     assert "RMSE (y units)" in report and "paper RMSE (y units)" in report
     assert "0.554 ± 0.277" in report and "0.519 ± 0.261" in report and "0.63 ± 0.26" in report
+
+
+def test_odvff_table5_layout():
+    from gpscale.bench.protocols import ODVFF_TABLE5_DATASETS
+
+    protocol = get_protocol("odvff-table5")
+    assert protocol.splits == (0, 1, 2, 3, 4) and set(protocol.datasets) == set(ODVFF_TABLE5_DATASETS)
+    assert all(options == dict(random_split=True, test_fraction=0.1, x_scaling="minmax")
+               for options in protocol.dataset_options.values())
+    specs = {spec.name: spec for spec in protocol.methods}
+    assert set(specs) == {"odvff", "odvgp", "svgp", "gpytorch-svgp"}
+    assert all(spec.options["kernel"] == "additive_matern32" and spec.options["batch_size"] == 400
+               for spec in specs.values())
+    odvff = specs["odvff"]
+    assert (odvff.options["n_frequencies"], odvff.options["n_mean_inducing"]) == (50, 300)
+    assert odvff.dataset_overrides["keggdirected"] == {"epochs": 84, "n_frequencies": 25, "n_mean_inducing": 150}
+    # 10,000 iterations of batch 400 on 90% of bike's 17,379 rows
+    assert all(spec.dataset_overrides["bike"]["epochs"] == 256 for spec in specs.values())
+    assert protocol.published[("odvff", "fried")] == {"nlpd": 0.338, "rmse": 0.34}
+    assert protocol.published[("gpytorch-svgp", "BNG_breastTumor")] == protocol.published[("svgp",
+                                                                                           "BNG_breastTumor")]
+
+
+@pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
+def test_odvff_table5_smoke_run_on_houses(tmp_path):
+    """Every method of the protocol through the runner on a 2,000-row subset of houses, one epoch each."""
+    from gpscale.bench.protocols import register_protocol
+    from gpscale.bench.runner import run_protocol
+
+    protocol = get_protocol("odvff-table5")
+    small = {"odvff": dict(n_frequencies=3, n_mean_inducing=20), "odvgp": dict(n_inducing=10, n_mean_inducing=20),
+             "svgp": dict(n_inducing=20), "gpytorch-svgp": dict(n_inducing=20)}
+    methods = tuple(dataclasses.replace(s, options={**s.options, **small[s.name]}, dataset_overrides={
+        "houses": {"epochs": 1}}) for s in protocol.methods)
+    smoke = dataclasses.replace(protocol, name="test-odvff-smoke", methods=methods, datasets={"houses": (0,)},
+                                requires_data=("houses",), dataset_options={"houses": {
+                                    **protocol.dataset_options["houses"], "max_train": 2000}})
+    register_protocol(smoke)
+    try:
+        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
+        runs = ResultsStore(path).runs(smoke.name)
+    finally:
+        PROTOCOLS.pop(smoke.name)
+    assert {r["method"] for r in runs} == {"odvff", "odvgp", "svgp", "gpytorch-svgp"}
+    assert all(r["status"] == "ok" and r["n_train"] == 2000 and np.isfinite(r["nlpd"]) for r in runs), runs

@@ -79,3 +79,19 @@ def test_gpytorch_adapter_equals_the_wrapped_kernel(points):
     torch.testing.assert_close(k(X1, X2), inner(X1, X2).to_dense())
     torch.testing.assert_close(k.diag(X1), inner(X1, X1).to_dense().diagonal())
     assert set(map(id, k.parameters())) == set(map(id, inner.parameters()))
+
+
+def test_additive_matern_by_name_and_gpytorchs_additive_peer_kernel_agree():
+    from gpscale.bench.peers import _kernel
+    from gpscale.kernels import AdditiveMatern
+
+    ours = make_kernel("additive_matern32", 3, lengthscale=0.7, outputscale=1.5).double()
+    assert isinstance(ours, AdditiveMatern) and ours.variance.sum().item() == pytest.approx(1.5)
+    peer = _kernel("additive_matern32", 3).double()
+    with torch.no_grad():
+        for d, term in enumerate(peer.kernels):
+            term.base_kernel.lengthscale = ours.lengthscale[d]
+            term.outputscale = ours.variance[d]
+    X1 = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    X2 = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours(X1, X2), peer(X1, X2).to_dense(), rtol=1e-10, atol=1e-12)

@@ -27,7 +27,8 @@ def test_separable_kernels_are_sums_and_products_of_one_dimensional_materns():
     X1, X2 = problem(7, 3)[0], problem(5, 3, seed=1)[0]
     additive = AdditiveMatern(3, nu=2.5, lengthscale=0.4, outputscale=1.5).double()
     product = ProductMatern(3, nu=0.5, lengthscale=0.3, outputscale=2.0).double()
-    one_d = [Matern(1, nu=nu, lengthscale=ls, outputscale=var).double() for nu, ls, var in [(2.5, 0.4, 0.5), (0.5, 0.3, 1.0)]]
+    one_d = [Matern(1, nu=nu, lengthscale=ls, outputscale=var).double()
+             for nu, ls, var in [(2.5, 0.4, 0.5), (0.5, 0.3, 1.0)]]
     expected_sum = sum(one_d[0](X1[:, [d]], X2[:, [d]]) for d in range(3))
     expected_product = 2.0 * math.prod(one_d[1](X1[:, [d]], X2[:, [d]]) for d in range(3))
     torch.testing.assert_close(additive(X1, X2), expected_sum)

@@ -153,7 +153,8 @@ def _fit(args) -> None:
     lr = args.lr if args.lr is not None else (0.1 if get_model_class(args.method).full_batch else 0.01)
     reg = GPRegressor(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs,
                       batch_size=args.batch_size, lr=lr, optimizer=args.optimizer, kernel=args.kernel,
-                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=args.device, progress=not args.quiet,
+                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=args.device,
+                      progress=not args.quiet,
                       **_parse_options(args.option))
     reg.fit(X, y)
     reg.save(args.output, metadata={"feature_names": features, "target": args.target})

@@ -107,7 +107,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
         tic = time.perf_counter()
         self.fit_result_ = fit(model, Xt, yt, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                               optimizer=self.optimizer, val_fraction=self.val_fraction, seed=self.seed, progress=self.progress)
+                               optimizer=self.optimizer, val_fraction=self.val_fraction, seed=self.seed,
+                               progress=self.progress)
         self.training_seconds_ = time.perf_counter() - tic
         self.model_options_ = options
         self.model_ = model

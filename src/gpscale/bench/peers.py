@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 try:
     import gpytorch
     from gpytorch.distributions import MultivariateNormal
-    from gpytorch.kernels import InducingPointKernel, RBFKernel, ScaleKernel
+    from gpytorch.kernels import AdditiveKernel, InducingPointKernel, MaternKernel, RBFKernel, ScaleKernel
     from gpytorch.likelihoods import GaussianLikelihood
     from gpytorch.means import ZeroMean
     from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
@@ -63,6 +63,20 @@ def _rbf_ard(n_features: int) -> ScaleKernel:
     return ScaleKernel(RBFKernel(ard_num_dims=n_features))
 
 
+PEER_KERNELS = ("rbf", "additive_matern12", "additive_matern32", "additive_matern52")
+
+
+def _kernel(name: str, n_features: int) -> gpytorch.kernels.Kernel:
+    """``'rbf'``: a scaled ARD RBF; ``'additive_matern{12,32,52}'``: a sum over input dimensions of scaled 1-D
+    Matérns (``active_dims``), gpscale's ``AdditiveMatern``."""
+    if name == "rbf":
+        return _rbf_ard(n_features)
+    nus = {"additive_matern12": 0.5, "additive_matern32": 1.5, "additive_matern52": 2.5}
+    if name not in nus:
+        raise ValueError(f"Unknown peer kernel {name!r}; choose one of {PEER_KERNELS}.")
+    return AdditiveKernel(*[ScaleKernel(MaternKernel(nu=nus[name], active_dims=(d,))) for d in range(n_features)])
+
+
 class _ExactGPModel(gpytorch.models.ExactGP):
     """Zero mean, the given covariance module; training data set later with ``set_train_data``."""
 
@@ -76,13 +90,14 @@ class _ExactGPModel(gpytorch.models.ExactGP):
 
 
 class _SVGPModel(gpytorch.models.ApproximateGP):
-    def __init__(self, inducing_points: Tensor, n_features: int, jitter_val: float | None = None):
+    def __init__(self, inducing_points: Tensor, covar_module: gpytorch.kernels.Kernel,
+                 jitter_val: float | None = None):
         q = CholeskyVariationalDistribution(inducing_points.shape[0])
         strategy = VariationalStrategy(self, inducing_points, q, learn_inducing_locations=True,
                                        jitter_val=jitter_val)
         super().__init__(strategy)
         self.mean_module = ZeroMean()
-        self.covar_module = _rbf_ard(n_features)
+        self.covar_module = covar_module
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -100,6 +115,7 @@ class PeerModel:
         chunk_size: test rows per chunk in :meth:`predict`.
         max_cholesky_size: if given, run under ``gpytorch.settings.max_cholesky_size(...)`` (GPyTorch's default
             switches from Cholesky to CG/Lanczos above n = 800).
+        kernel: ``'rbf'`` (ARD; default) or ``'additive_matern12'`` / ``'32'`` / ``'52'`` (see ``PEER_KERNELS``).
 
     Attributes:
         model: the ``gpytorch`` model; likelihood: its ``GaussianLikelihood``;
@@ -110,8 +126,11 @@ class PeerModel:
     full_batch: bool = True
 
     def __init__(self, n_features: int, n_inducing: int | None = None, *, dtype: torch.dtype = torch.float64,
-                 device: str | torch.device = "cpu", chunk_size: int = 4096, max_cholesky_size: int | None = None):
+                 device: str | torch.device = "cpu", chunk_size: int = 4096, max_cholesky_size: int | None = None,
+                 kernel: str = "rbf"):
         self.n_features = int(n_features)
+        self.kernel_name = kernel
+        _kernel(kernel, self.n_features)  # a clear error for an unknown name, before anything is built
         self.n_inducing = None if n_inducing is None else int(n_inducing)
         self.dtype = dtype
         self.device = torch.device(device)
@@ -129,7 +148,8 @@ class PeerModel:
 
     @property
     def scale_kernel(self) -> ScaleKernel:
-        """The ``ScaleKernel(RBFKernel)`` holding lengthscale and outputscale."""
+        """The ``ScaleKernel(RBFKernel)`` holding lengthscale and outputscale (or the ``AdditiveKernel`` of scaled
+        Matérns)."""
         return self.model.covar_module
 
     @property
@@ -155,10 +175,15 @@ class PeerModel:
     @property
     def lengthscale(self) -> Tensor:
         """[d]"""
+        if isinstance(self.scale_kernel, AdditiveKernel):
+            return torch.cat([k.base_kernel.lengthscale.detach().reshape(-1) for k in self.scale_kernel.kernels])
         return self.scale_kernel.base_kernel.lengthscale.detach().reshape(-1)
 
     @property
     def outputscale(self) -> Tensor:
+        """s^2 (an additive kernel's total, the sum of its terms')"""
+        if isinstance(self.scale_kernel, AdditiveKernel):
+            return sum(k.outputscale.detach() for k in self.scale_kernel.kernels)
         return self.scale_kernel.outputscale.detach()
 
     @property
@@ -288,7 +313,7 @@ class ExactPeer(PeerModel):
     name = "gpytorch-exact"
 
     def _build(self):
-        return _ExactGPModel(_rbf_ard(self.n_features), self.likelihood)
+        return _ExactGPModel(_kernel(self.kernel_name, self.n_features), self.likelihood)
 
     def _set_data(self, X, y):
         self.model.set_train_data(inputs=X, targets=y, strict=False)
@@ -331,7 +356,8 @@ class SGPRPeer(ExactPeer):
 
     def _build(self):
         Z = torch.zeros(self.n_inducing, self.n_features)
-        kernel = InducingPointKernel(_rbf_ard(self.n_features), inducing_points=Z, likelihood=self.likelihood)
+        kernel = InducingPointKernel(_kernel(self.kernel_name, self.n_features), inducing_points=Z,
+                                     likelihood=self.likelihood)
         return _ExactGPModel(kernel, self.likelihood)
 
     @property
@@ -363,7 +389,8 @@ class SVGPPeer(PeerModel):
         super().__init__(n_features, n_inducing, **kwargs)
 
     def _build(self):
-        return _SVGPModel(torch.zeros(self.n_inducing, self.n_features), self.n_features, self._jitter_val)
+        return _SVGPModel(torch.zeros(self.n_inducing, self.n_features), _kernel(self.kernel_name, self.n_features),
+                          self._jitter_val)
 
     @property
     def strategy(self) -> VariationalStrategy:

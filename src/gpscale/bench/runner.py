@@ -35,7 +35,8 @@ from .store import ResultsStore, identity
 
 __all__ = ["run_protocol", "run_one", "machine_info"]
 
-TRAINING_OPTIONS = ("epochs", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")  # for gpscale.train.fit
+# for gpscale.train.fit
+TRAINING_OPTIONS = ("epochs", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 

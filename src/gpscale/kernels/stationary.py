@@ -116,12 +116,23 @@ class Matern(Stationary):
         return poly * torch.exp(-z)
 
 
+KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52", "additive_matern12", "additive_matern32",
+                "additive_matern52")
+
+
 def make_kernel(name: str, n_features: int, **kwargs) -> Kernel:
-    """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52``."""
+    """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52`` (ARD or not: ``ard=``), or
+    ``additive_matern12`` / ``32`` / ``52`` (:class:`~gpscale.kernels.separable.AdditiveMatern`: a lengthscale and
+    a variance per input; ``outputscale`` is their initial total)."""
     name = name.lower()
+    nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
     if name == "rbf":
         return RBF(n_features, **kwargs)
-    nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
     if name in nus:
         return Matern(n_features, nu=nus[name], **kwargs)
-    raise ValueError(f"Unknown kernel {name!r}; choose one of 'rbf', 'matern12', 'matern32', 'matern52'.")
+    if name.startswith("additive_") and name[len("additive_"):] in nus:
+        from .separable import AdditiveMatern  # separable builds on this module
+
+        kwargs.pop("ard", None)
+        return AdditiveMatern(n_features, nu=nus[name[len("additive_"):]], **kwargs)
+    raise ValueError(f"Unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}.")

@@ -289,7 +289,8 @@ class GRIEF(GPModel):
 
     def max_evidence_noise(self, X: Tensor, y: Tensor) -> Tensor:
         """The sigma^2 that maximises this model's evidence on (X, y) at the current theta, within
-        :func:`_noise_range` (one statistics pass, O(n p^2), then a 1-D search: :func:`_linear.evidence_maximising_noise`)."""
+        :func:`_noise_range` (one statistics pass, O(n p^2), then a 1-D search:
+        :func:`_linear.evidence_maximising_noise`)."""
         stats = self.statistics(X, y)
         lower, upper = _noise_range(stats.yy.item() / stats.n, self.likelihood.noise_floor)
         return torch.tensor(_linear.evidence_maximising_noise(stats, lower, upper), dtype=CORE)

@@ -59,6 +59,7 @@ def separable_kernel(kernel: str | Kernel, structure: str, n_features: int, leng
         if not isinstance(kernel, cls):
             raise ValueError(f"structure={structure!r} needs a {cls.__name__} kernel, got {type(kernel).__name__}.")
         return kernel
+    kernel = kernel.removeprefix(f"{structure}_") if isinstance(kernel, str) else kernel
     if kernel not in _NUS:
         raise ValueError(f"Variational Fourier features need a Matérn kernel ('matern12', 'matern32' or "
                          f"'matern52'): the RBF's RKHS does not contain the Fourier basis. Got kernel={kernel!r}.")

@@ -19,3 +19,22 @@ def test_the_banana_figure_is_drawn_with_both_models_scored(tmp_path):
     assert record["settings"]["n_train"] == 200
     for name in ("odvff", "svgp"):
         assert record["results"][name]["test_accuracy"] > 0.85
+
+
+def test_the_one_dimensional_figures_are_drawn(tmp_path):
+    main(["figures", "odvff-1d", "--out", str(tmp_path), "--n-train", "200", "--repeats", "1", "--epochs", "5",
+          "--betas", "11,31"])
+    for name in ("odvff_fig1.png", "odvff_fig2.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    record = json.loads((tmp_path / "odvff_fig12.json").read_text())
+    assert set(record["results"]) == {"odvff |beta|=11", "odvff |beta|=31", "vff (collapsed, 201 features)",
+                                      "sgpr (m=200)"}
+    assert all(r[0]["coverage"] > 0.5 and r[0]["rmse"] < 1.0 for r in record["results"].values())
+
+
+def test_the_gp_draw_leaves_the_gap_empty():
+    from gpscale.bench.figures_odvff import OneDSettings, gp_draw_1d
+
+    X, y, X_test, y_test, f_test = gp_draw_1d(OneDSettings(n_train=500, n_test=50), seed=0)
+    assert X.shape == (500, 1) and not ((X > 0.45) & (X < 0.55)).any()
+    assert X_test.shape == (50, 1) and 0.05 < (y_test - f_test).var().item() < 0.3  # noise variance 0.15

@@ -126,6 +126,16 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--n-frequencies", type=int, default=None, help="ODVFF's F per dimension (default 6)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
     q.set_defaults(run=_figures_odvff_banana)
+    q = fig_sub.add_parser("odvff-1d", help="ODVFF paper, Figs. 1 and 2 (1-D GP draw with a gap; |beta| sweep)",
+                           description="Defaults: 2000 points, 3 draws, 2000 minibatch iterations per model (tens "
+                                       "of minutes on a CPU); see docs/odvff.md.")
+    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    q.add_argument("--n-train", type=int, default=None, help="training points (default 2000)")
+    q.add_argument("--repeats", type=int, default=None, help="GP draws (default 3)")
+    q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 500 (default 500)")
+    q.add_argument("--betas", type=_ints, default=None, help="|beta| values (default 21,61,101,141,181)")
+    q.add_argument("--seed", type=int, default=None, help="default 0")
+    q.set_defaults(run=_figures_odvff_1d)
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -247,6 +257,17 @@ def _figures_odvff_banana(args) -> None:
     given = {name: getattr(args, name) for name in ("n_train", "epochs", "n_frequencies", "seed")
              if getattr(args, name) is not None}  # the defaults live in figures_odvff
     for path in banana_figure(args.out, BananaSettings(**given)):
+        print(f"wrote {path}")
+
+
+def _figures_odvff_1d(args) -> None:
+    from .bench.figures_odvff import OneDSettings, figures_1d
+
+    given = {name: getattr(args, name) for name in ("n_train", "repeats", "epochs", "seed")
+             if getattr(args, name) is not None}  # the defaults live in figures_odvff
+    if args.betas is not None:
+        given["betas"] = tuple(args.betas)
+    for path in figures_1d(args.out, OneDSettings(**given)):
         print(f"wrote {path}")
 
 

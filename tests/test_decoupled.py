@@ -270,3 +270,31 @@ def test_too_many_mean_inducing_points_get_a_clear_error():
 def test_additive_kernel_objects_are_accepted():
     model = ODVFF(2, kernel=AdditiveMatern(2, nu=2.5))
     assert model.kernel.nu == 2.5 and model.features.num_inducing == 2 * 33
+
+
+def test_the_extra_component_joins_the_covariance_basis_block_diagonally():
+    # paper App. C: k = k_S + k_NS, beta = [Fourier features of f_S, f_NS at inducing points r]
+    X, y = problem(40, 1)
+    model = ODVFF(1, n_frequencies=4, n_mean_inducing=5, extra_kernel="periodic", n_extra_inducing=6,
+                  lengthscale=0.2, noise=0.05).double()
+    model.init(X, y)
+    randomise(model)
+    Kbb = model.Kbb().to_dense()
+    assert Kbb.shape == (9 + 6, 9 + 6) and torch.all(Kbb[:9, 9:] == 0)
+    extra = model.extra.kernel
+    torch.testing.assert_close(Kbb[9:, 9:], extra(model.extra.Z, model.extra.Z) + 1e-6 * torch.eye(6, dtype=F64))
+    torch.testing.assert_close(model.features.Kuf(X)[9:], extra(model.extra.Z, X))
+    with torch.no_grad():
+        expected, mean, var = dense_elbo(model, X, y)
+        torch.testing.assert_close(model.elbo(X, y, 40), expected, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(model.kernel(X, X), model.fourier.kernel(X, X) + extra(X, X))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(n_extra_inducing=3), "needs an extra_kernel"),
+    (dict(extra_kernel="periodic"), "n_extra_inducing >= 1"),
+    (dict(extra_kernel="linear", n_extra_inducing=3), "Unknown extra_kernel"),
+])
+def test_bad_extra_component_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        ODVFF(1, **options)

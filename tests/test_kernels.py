@@ -95,3 +95,19 @@ def test_additive_matern_by_name_and_gpytorchs_additive_peer_kernel_agree():
     X1 = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     X2 = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(ours(X1, X2), peer(X1, X2).to_dense(), rtol=1e-10, atol=1e-12)
+
+
+def test_periodic_kernel_repeats_with_its_period_and_sums_add():
+    from gpscale.kernels import Periodic, Sum
+
+    k = Periodic(1, period=0.5, lengthscale=0.3, outputscale=2.0).double()
+    x = torch.rand(5, 1, dtype=torch.float64)
+    period, ls, var = k.period.detach(), k.lengthscale.detach(), k.outputscale.detach()  # 0.5, 0.3, 2 as stored
+    torch.testing.assert_close(k(x, x + period), k(x, x))
+    torch.testing.assert_close(torch.diagonal(k(x, x)), k.diag(x))
+    expected = var * torch.exp(-2 * torch.sin(torch.pi * (x - x.T).abs() / period) ** 2 / ls**2)
+    torch.testing.assert_close(k(x, x), expected)
+    assert torch.linalg.eigvalsh(k(x, x)).min() > -1e-10
+    m = Matern(1, nu=1.5).double()
+    torch.testing.assert_close(Sum(k, m)(x, x), k(x, x) + m(x, x))
+    torch.testing.assert_close(Sum(k, m).diag(x), k.diag(x) + m.diag(x))

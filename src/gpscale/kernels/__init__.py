@@ -1,7 +1,9 @@
 """Covariance functions."""
 from .gpytorch_adapter import GPyTorchKernel
 from .separable import AdditiveMatern, ProductMatern
-from .stationary import RBF, SOFTPLUS_ZERO, Kernel, Matern, Stationary, inverse_softplus, make_kernel
+from .stationary import (RBF, SOFTPLUS_ZERO, Kernel, Matern, Periodic, Stationary, Sum, inverse_softplus,
+                         make_kernel)
 
-__all__ = ["Kernel", "Stationary", "RBF", "Matern", "AdditiveMatern", "ProductMatern", "GPyTorchKernel",
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "AdditiveMatern", "ProductMatern",
+           "GPyTorchKernel",
            "inverse_softplus", "make_kernel", "SOFTPLUS_ZERO"]

@@ -28,11 +28,11 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..linalg import NotPSDError, cholesky, logdet_from_cholesky, solve_lower, solve_upper
-from ..operators import DenseSPD
+from ..operators import BlockDiagonal, DenseSPD
 from .base import GPModel
 from .inducing import kmeans_centers
 
-__all__ = ["InducingFeatures", "VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
+__all__ = ["InducingFeatures", "StackedFeatures", "VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
 
 CORE = torch.float64
 
@@ -61,6 +61,35 @@ class InducingFeatures(nn.Module):
         Kuu = self.Kuu().to(CORE)
         return DenseSPD(Kuu + jitter * torch.eye(Kuu.shape[0], dtype=CORE, device=Kuu.device),
                         what="inducing covariance Kuu")
+
+
+class StackedFeatures(InducingFeatures):
+    """The features of several independent components of f = f_1 + f_2 + ... stacked: Kuf is their rows stacked,
+    Kuu block diagonal (no cross-covariance between independent components), Kff_diag the sum of the components'.
+
+    Args:
+        parts: one :class:`InducingFeatures` per component, each over its own component's kernel.
+        jitters: the jitter each part's Kuu takes (inducing points need some; Fourier features none).
+    """
+
+    def __init__(self, parts: list[InducingFeatures], jitters: tuple[float, ...]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.jitters = tuple(float(j) for j in jitters)
+        self.num_inducing = sum(part.num_inducing for part in parts)
+
+    def Kuu_operator(self, jitter: float = 0.0) -> BlockDiagonal:
+        """Each part's Kuu with that part's own jitter (``jitter`` is not used)."""
+        return BlockDiagonal([part.Kuu_operator(j) for part, j in zip(self.parts, self.jitters)])
+
+    def Kuu(self) -> Tensor:
+        return self.Kuu_operator().to_dense()
+
+    def Kuf(self, X: Tensor) -> Tensor:
+        return torch.cat([part.Kuf(X).to(CORE) for part in self.parts])
+
+    def Kff_diag(self, X: Tensor) -> Tensor:
+        return sum(part.Kff_diag(X) for part in self.parts)
 
 
 def gauss_kl_whitened(q_mu: Tensor, q_sqrt: Tensor) -> Tensor:

@@ -24,18 +24,40 @@ import torch
 from torch import Tensor
 
 from ..distributed import LOCAL, Comm
-from ..kernels import SOFTPLUS_ZERO, Kernel
+from ..kernels import SOFTPLUS_ZERO, Kernel, Periodic, Sum
 from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
 from ..operators import BlockDiagonal, DiagPlusLowRank, Kronecker
-from ._variational import CORE, InducingFeatures, OrthogonallyDecoupledGP
+from ._variational import CORE, InducingFeatures, OrthogonallyDecoupledGP, StackedFeatures
 from .base import register
+from .inducing import kmeans_centers
 from .sgpr import CollapsedGP
+from .svgp import InducingPoints
 
 __all__ = ["FourierFeatures", "VFF", "ODVFF", "VFFSVGP", "STRUCTURES", "separable_kernel"]
 
 STRUCTURES = ("additive", "product")
 _NUS = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+
+
+# the jitter on the Kuu of the extra component's inducing points: a periodic kernel's is often near singular
+EXTRA_JITTER = 1e-6
+_EXTRA_KERNELS = ("periodic",)
+
+
+def _extra_kernel(kernel: str | Kernel | None, n_features: int, n_inducing: int) -> Kernel | None:
+    """The kernel of the component outside the Fourier features' reach (paper App. C), or None."""
+    if kernel is None:
+        if n_inducing:
+            raise ValueError("n_extra_inducing needs an extra_kernel (e.g. extra_kernel='periodic').")
+        return None
+    if int(n_inducing) != n_inducing or n_inducing < 1:
+        raise ValueError(f"extra_kernel needs n_extra_inducing >= 1 inducing points, got {n_inducing}.")
+    if isinstance(kernel, Kernel):
+        return kernel
+    if kernel not in _EXTRA_KERNELS:
+        raise ValueError(f"Unknown extra_kernel {kernel!r}; use one of {_EXTRA_KERNELS} or a Kernel.")
+    return Periodic(n_features)
 
 
 def _check_fourier_options(n_features: int, n_frequencies: int, structure: str, margin: float) -> None:
@@ -195,32 +217,48 @@ class ODVFF(OrthogonallyDecoupledGP):
         n_frequencies: F: 2F + 1 features per dimension (default 16).
         n_mean_inducing: M_g, the inducing points of the mean basis (default 300, the paper's |gamma|).
         structure, margin, kernel: as :class:`VFF`.
-        learn_inducing: optimise gamma.
+        extra_kernel: a component of f the Fourier features cannot represent (paper App. C): ``'periodic'`` or a
+            :class:`~gpscale.kernels.Kernel`; the prior is then ``kernel + extra_kernel`` and the covariance basis
+            adds ``n_extra_inducing`` inducing points of the extra component (their Kuu block diagonal to the
+            features', since the components are independent). Default None.
+        n_extra_inducing: those inducing points (k-means initialised, learned with ``learn_inducing``).
+        learn_inducing: optimise gamma (and the extra inducing points).
         **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` (default 0: K_uu needs none) and the options
             of :class:`GPModel`.
     """
 
     def __init__(self, n_features: int, n_frequencies: int = 16, n_mean_inducing: int = 300,
                  structure: str = "additive", margin: float = 1.0, kernel: str | Kernel = "matern32",
-                 learn_inducing: bool = True, jitter: float = 0.0, **kwargs):
+                 extra_kernel: str | Kernel | None = None, n_extra_inducing: int = 0, learn_inducing: bool = True,
+                 jitter: float = 0.0, **kwargs):
         _check_fourier_options(n_features, n_frequencies, structure, margin)
         base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
                                 kwargs.pop("outputscale", 1.0))
         kwargs.pop("ard", None)
-        super().__init__(n_features, kernel=base, n_mean_inducing=n_mean_inducing, jitter=jitter, **kwargs)
+        extra = _extra_kernel(extra_kernel, n_features, n_extra_inducing)
+        super().__init__(n_features, kernel=base if extra is None else Sum(base, extra),
+                         n_mean_inducing=n_mean_inducing, jitter=jitter, **kwargs)
         self.margin = float(margin)
         self.structure = structure
-        self.features = FourierFeatures(self.kernel, int(n_frequencies))
+        self.fourier = FourierFeatures(base, int(n_frequencies))
+        if extra is None:
+            self.features = self.fourier
+        else:  # paper App. C: inducing points of the extra component join the covariance basis (spec §3.7)
+            self.extra = InducingPoints(extra, int(n_extra_inducing), n_features, learn=learn_inducing)
+            self.features = StackedFeatures([self.fourier, self.extra], jitters=(jitter, EXTRA_JITTER))
         self.gamma.requires_grad_(learn_inducing)
         self.init_variational(self.features.num_inducing)
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        self.features.set_box(*box_with_margin(X, self.margin))
+        self.fourier.set_box(*box_with_margin(X, self.margin))
+        if self.features is not self.fourier:
+            with torch.no_grad():
+                self.extra.Z.copy_(kmeans_centers(X, self.extra.num_inducing, seed + 2))
         self.init_mean_basis(X, seed)
         self.init_prior_covariance()
 
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        self.features.check_margin(X)
+        self.fourier.check_margin(X)
         super().fit_posterior(X, y, comm)
 
 

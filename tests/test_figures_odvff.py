@@ -38,3 +38,12 @@ def test_the_gp_draw_leaves_the_gap_empty():
     X, y, X_test, y_test, f_test = gp_draw_1d(OneDSettings(n_train=500, n_test=50), seed=0)
     assert X.shape == (500, 1) and not ((X > 0.45) & (X < 0.55)).any()
     assert X_test.shape == (50, 1) and 0.05 < (y_test - f_test).var().item() < 0.3  # noise variance 0.15
+
+
+def test_the_nonstationary_figure_is_drawn(tmp_path):
+    main(["figures", "odvff-nonstationary", "--out", str(tmp_path), "--n-train", "200", "--n-test", "100",
+          "--epochs", "10"])
+    assert (tmp_path / "odvff_fig3.png").read_bytes()[:8] == PNG
+    record = json.loads((tmp_path / "odvff_fig3.json").read_text())
+    assert set(record["results"]) == {"odvff + periodic", "exact GP"}
+    assert record["results"]["exact GP"]["rmse"] < 0.3

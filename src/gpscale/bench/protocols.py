@@ -92,12 +92,18 @@ QUICK_SGPR = dict(n_inducing=256, epochs=30, lr=0.1)
 QUICK_SVGP = dict(n_inducing=256, epochs=10, batch_size=1024, lr=0.02)
 QUICK_EXACT = dict(epochs=50, lr=0.1)
 QUICK_SOFTKI = dict(n_inducing=256, epochs=10, batch_size=1024, lr=0.01)
+QUICK_GRIEF = dict(n_eigen=100, epochs=20, lr=0.1)
+QUICK_VFF = dict(n_frequencies=8, epochs=30, lr=0.1)
+QUICK_DECOUPLED = dict(n_mean_inducing=128, epochs=3, batch_size=1024, lr=0.02)
 
 register_protocol(Protocol(
     name="quick",
-    version=4,  # v2: hyperparameters start at softplus(0), as GPyTorch's; v3: SoftKI added; v4: variance-only calibration
-    description="Every implemented method and the GPyTorch peers, with short training, on generated Friedman #1 "
-                "(n = 40,000, d = 10) and, when the data folder is there, two small UCI sets.",
+    # v2: hyperparameters start at softplus(0), as GPyTorch's; v3: SoftKI added; v4: variance-only calibration;
+    # v5: GP-GRIEF, VFF, ODVFF and ODVGP added
+    version=5,
+    description="The regression methods and the GPyTorch peers, with short training, on generated Friedman #1 "
+                "(n = 40,000, d = 10) and, when the data folder is there, two small UCI sets (not DBK, whose "
+                "networks need thousands of steps, nor GP-GRIEF-I's MCMC).",
     methods=(
         MethodSpec("exact", QUICK_EXACT, max_n=2000),
         MethodSpec("gpytorch-exact", QUICK_EXACT, max_n=2000),
@@ -107,6 +113,10 @@ register_protocol(Protocol(
         MethodSpec("gpytorch-svgp", QUICK_SVGP),
         MethodSpec("softki", QUICK_SOFTKI),
         MethodSpec("softki", {**QUICK_SOFTKI, "calibrate_noise": "variance"}, label="softki-calibrated"),
+        MethodSpec("grief", QUICK_GRIEF),
+        MethodSpec("vff", QUICK_VFF),
+        MethodSpec("odvff", {**QUICK_DECOUPLED, "n_frequencies": 4}),
+        MethodSpec("odvgp", {**QUICK_DECOUPLED, "n_inducing": 64}),
     ),
     datasets={"friedman1": None, "energy": None, "concrete": None},
     dataset_options={"friedman1": {"n": 40_000}},

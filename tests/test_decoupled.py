@@ -298,3 +298,28 @@ def test_the_extra_component_joins_the_covariance_basis_block_diagonally():
 def test_bad_extra_component_options(options, message):
     with pytest.raises(ValueError, match=message):
         ODVFF(1, **options)
+
+
+def test_12_the_minibatch_elbo_averaged_over_a_partition_is_the_full_elbo():
+    X, y = problem(60, 2)
+    model = odvff(X, y, F=3, n_mean=6)
+    randomise(model)
+    with torch.no_grad():
+        full = model.elbo(X, y, 60)
+        batches = [model.elbo(X[idx], y[idx], 60) for idx in torch.arange(60).split(15)]
+    torch.testing.assert_close(sum(batches) / len(batches), full, rtol=1e-12, atol=1e-10)
+
+
+def test_15_one_natural_gradient_step_on_inducing_points_reaches_the_sgpr_bound():
+    from gpscale.models.sgpr import SGPR
+
+    X, y = problem(50, 2)
+    decoupled = ODVGP(2, n_inducing=12, n_mean_inducing=0, lengthscale=0.4, noise=0.05, jitter=1e-6,
+                      natgrad_step=1.0).double()
+    decoupled.init(X, y)
+    sgpr = SGPR(2, n_inducing=12, lengthscale=0.4, noise=0.05, jitter=1e-6).double()
+    with torch.no_grad():
+        sgpr.Z.copy_(decoupled.features.Z)
+    decoupled.natural_gradient_step(X, y, 50)
+    with torch.no_grad():
+        torch.testing.assert_close(decoupled.elbo(X, y, 50), sgpr.elbo(X, y), rtol=1e-9, atol=1e-8)

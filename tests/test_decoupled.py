@@ -4,8 +4,11 @@ import pytest
 import torch
 from torch.distributions import MultivariateNormal
 
+import gpscale.linalg as gpscale_linalg
+import gpscale.models._variational as gpscale_variational
 from gpscale import GPRegressor
 from gpscale.kernels import AdditiveMatern
+from gpscale.linalg import NumericalWarning
 from gpscale.models.exact import ExactGP
 from gpscale.models.odvgp import ODVGP
 from gpscale.models.svgp import SVGP
@@ -323,3 +326,20 @@ def test_15_one_natural_gradient_step_on_inducing_points_reaches_the_sgpr_bound(
     decoupled.natural_gradient_step(X, y, 50)
     with torch.no_grad():
         torch.testing.assert_close(decoupled.elbo(X, y, 50), sgpr.elbo(X, y), rtol=1e-9, atol=1e-8)
+
+
+def test_a_natural_gradient_step_that_cannot_keep_s_positive_definite_is_skipped_with_a_warning(monkeypatch):
+    X, y = problem(30, 1)
+    model = odvff(X, y, n_mean=3)
+    before = (model.q_mu.detach().clone(), model.q_sqrt.detach().clone())
+
+    def never(*args, **kwargs):
+        raise gpscale_linalg.NotPSDError("not positive definite")
+
+    real = gpscale_variational.cholesky
+    monkeypatch.setattr(gpscale_variational, "cholesky",
+                        lambda A, max_tries=4, what="": never() if what == "new S^{-1}" else real(A, what=what))
+    with pytest.warns(NumericalWarning, match="natgrad_step"):
+        model.natural_gradient_step(X, y, 30)
+    torch.testing.assert_close(model.q_mu.detach(), before[0])
+    torch.testing.assert_close(model.q_sqrt.detach(), before[1])

@@ -23,11 +23,13 @@ No M_g x M_g matrix is ever factorised, so M_g can be large. (m, S) take natural
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import NotPSDError, cholesky, logdet_from_cholesky, solve_lower, solve_upper
+from ..linalg import NotPSDError, NumericalWarning, cholesky, logdet_from_cholesky, solve_lower, solve_upper
 from ..operators import BlockDiagonal, DenseSPD
 from .base import GPModel
 from .inducing import kmeans_centers
@@ -328,6 +330,9 @@ class OrthogonallyDecoupledGP(GPModel):
                 self.q_sqrt_raw.copy_(torch.linalg.cholesky(0.5 * (S_new + S_new.T)).to(self.q_sqrt_raw))
                 self.q_mu.copy_((S_new @ theta_1).to(self.q_mu))
                 return
+        warnings.warn(f"A natural-gradient step on q(beta) was skipped: S would not stay positive definite even at "
+                      f"step {rho:.2g}. Pass a smaller natgrad_step (now {self.natgrad_step}) or a larger jitter.",
+                      NumericalWarning, stacklevel=3)
 
     # --- posterior ----------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -68,8 +68,9 @@ def test_6_at_initialisation_q_is_the_prior():
     Kbb = model.Kbb()
     L = model.q_sqrt.to(F64)
     with torch.no_grad():
-        mean, var = model.moments(X, Kbb, model.q_mu, L @ L.T)
-        kl = model.prior_kl(Kbb, model.q_mu, L @ L.T, 2 * torch.log(torch.diagonal(L)).sum())
+        weights = model.mean_weights(Kbb, model.q_mu)
+        mean, var = model.moments(X, Kbb, weights, L @ L.T)
+        kl = model.prior_kl(Kbb, weights, model.q_mu, L @ L.T, 2 * torch.log(torch.diagonal(L)).sum())
     assert mean.abs().max() == 0
     torch.testing.assert_close(var, model.kernel.diag(X), rtol=1e-9, atol=1e-9)
     assert abs(kl.item()) < 1e-9

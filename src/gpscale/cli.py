@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     q = fig_sub.add_parser("dbk", help="Deep Basis Kernel paper, Figs. 1 and 3 (1-D synthetic data)",
                            description="Defaults are the paper's settings (hours on a CPU for Fig. 3); see "
                                        "docs/dbk.md for smaller ones.")
-    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    _out_option(q)
     q.add_argument("--only", choices=["fig1", "fig3"], default=None, help="draw one figure (default: both)")
     q.add_argument("--n", type=int, default=None, help="Fig. 1 training points (default 1000)")
     q.add_argument("--sizes", type=_ints, default=None, help="Fig. 3 training sizes (default 100,1000,10000,100000)")
@@ -107,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     q = fig_sub.add_parser("grief", help="GP-GRIEF paper, Fig. 2 (kernel reconstruction, d = 100)",
                            description="Defaults are the paper's settings (about 6 minutes on a CPU); the SE "
                                        "lengthscale sqrt(d) is an assumption. See docs/grief.md.")
-    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    _out_option(q)
     q.add_argument("--n", type=int, default=None, help="points in all, half of them training points (default 5000)")
     q.add_argument("--d", type=int, default=None, help="input dimension (default 100)")
     q.add_argument("--repeats", type=int, default=None, help="independent draws averaged (default 10)")
@@ -120,31 +121,31 @@ def _parser() -> argparse.ArgumentParser:
     q = fig_sub.add_parser("odvff-banana", help="ODVFF paper, Fig. 4 (probit classification, ODVFF vs SVGP)",
                            description="Two moons stand in for the paper's banana set (about a minute on a CPU); "
                                        "see docs/odvff.md.")
-    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    _out_option(q)
     q.add_argument("--n-train", type=int, default=None, help="training points (default 400)")
     q.add_argument("--epochs", type=int, default=None, help="epochs of batch 100 (default 300)")
     q.add_argument("--n-frequencies", type=int, default=None, help="ODVFF's F per dimension (default 6)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff_banana)
+    q.set_defaults(run=_figures_odvff("banana_figure", "BananaSettings"))
     q = fig_sub.add_parser("odvff-1d", help="ODVFF paper, Figs. 1 and 2 (1-D GP draw with a gap; |beta| sweep)",
                            description="Defaults: 2000 points, 3 draws, 2000 minibatch iterations per model (tens "
                                        "of minutes on a CPU); see docs/odvff.md.")
-    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    _out_option(q)
     q.add_argument("--n-train", type=int, default=None, help="training points (default 2000)")
     q.add_argument("--repeats", type=int, default=None, help="GP draws (default 3)")
     q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 500 (default 500)")
     q.add_argument("--betas", type=_ints, default=None, help="|beta| values (default 21,61,101,141,181)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff_1d)
+    q.set_defaults(run=_figures_odvff("figures_1d", "OneDSettings"))
     q = fig_sub.add_parser("odvff-nonstationary", help="ODVFF paper, Fig. 3 (Matérn + periodic, App. C)",
                            description="1000 training and 3000 test points; ODVFF with an extra periodic component "
                                        "against the exact GP (minutes on a CPU); see docs/odvff.md.")
-    q.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
+    _out_option(q)
     q.add_argument("--n-train", type=int, default=None, help="training points (default 1000)")
     q.add_argument("--n-test", type=int, default=None, help="test points (default 3000)")
     q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 250 (default 500)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff_nonstationary)
+    q.set_defaults(run=_figures_odvff("nonstationary_figure", "NonstationarySettings"))
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -260,33 +261,26 @@ def _figures_grief(args) -> None:
         print(f"wrote {args.out / (FILE_STEM + suffix)}")
 
 
-def _figures_odvff_banana(args) -> None:
-    from .bench.figures_odvff import BananaSettings, banana_figure
+def _figures_odvff(draw: str, settings: str):
+    """The run function of an ``odvff-*`` figure: the options given on the command line (lists as tuples) become
+    fields of ``figures_odvff.<settings>``, whose defaults stand for the others, and ``figures_odvff.<draw>`` writes
+    the files."""
 
-    given = {name: getattr(args, name) for name in ("n_train", "epochs", "n_frequencies", "seed")
-             if getattr(args, name) is not None}  # the defaults live in figures_odvff
-    for path in banana_figure(args.out, BananaSettings(**given)):
-        print(f"wrote {path}")
+    def run(args) -> None:
+        from .bench import figures_odvff
 
+        cls = getattr(figures_odvff, settings)
+        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                 if getattr(args, f.name, None) is not None}
+        given = {name: tuple(v) if isinstance(v, list) else v for name, v in given.items()}
+        for path in getattr(figures_odvff, draw)(args.out, cls(**given)):
+            print(f"wrote {path}")
 
-def _figures_odvff_1d(args) -> None:
-    from .bench.figures_odvff import OneDSettings, figures_1d
-
-    given = {name: getattr(args, name) for name in ("n_train", "repeats", "epochs", "seed")
-             if getattr(args, name) is not None}  # the defaults live in figures_odvff
-    if args.betas is not None:
-        given["betas"] = tuple(args.betas)
-    for path in figures_1d(args.out, OneDSettings(**given)):
-        print(f"wrote {path}")
+    return run
 
 
-def _figures_odvff_nonstationary(args) -> None:
-    from .bench.figures_odvff import NonstationarySettings, nonstationary_figure
-
-    given = {name: getattr(args, name) for name in ("n_train", "n_test", "epochs", "seed")
-             if getattr(args, name) is not None}  # the defaults live in figures_odvff
-    for path in nonstationary_figure(args.out, NonstationarySettings(**given)):
-        print(f"wrote {path}")
+def _out_option(parser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
 
 
 def _names(text: str) -> list[str]:

@@ -63,8 +63,8 @@ class DiagPlusLowRank:
 
     def _capacitance_cholesky(self) -> Tensor:
         DW = self.W / self.d.unsqueeze(-1)
-        return torch.linalg.cholesky(torch.eye(self.W.shape[1], dtype=self.d.dtype, device=self.d.device)
-                                     + self.W.T @ DW)
+        return cholesky(torch.eye(self.W.shape[1], dtype=self.d.dtype, device=self.d.device) + self.W.T @ DW,
+                        what="capacitance I + W^T D^-1 W")
 
     def solve(self, B: Tensor) -> Tensor:
         """``M^{-1} B`` for B [n, k]."""

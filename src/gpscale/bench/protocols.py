@@ -467,8 +467,9 @@ _GRIEF_SPLITS = {row[0]: None if row[1] < GRIEF_EXACT_MAX_N else (0, 1, 2) for r
 # lengthscales (pitfall 9). The sets with n >= 2000 start from 1000 rows and gain most from the steps; at 30-60 s
 # per step on kin40k and keggu (2 cores) 300 steps take 2.5-5 h per fold.
 GRIEF_II_PAPER = dict(n_eigen=None, grid_size=10, epochs=300, lr=0.1)
-# Above n = 2000 each step costs O(n p^2) with p = 1000: 1-20 s on one core (keggu, 57k rows: 8 s after the one-hot
-# selection product and the one-product Gram backward), so 300 Adam steps take up to 1.5 h per fold. There GP-GRIEF-II
+# Above n = 2000 each step costs O(n p^2) with p = 1000: 1-20 s on one core (keggu, 57k rows: 7.5 s forward and
+# 11.9 s backward with the one-hot selection product, before the one-product Gram backward; elevators, 15k rows:
+# 1.8 s and 3.1 s with both), so 300 Adam steps take up to 1.5 h per fold. There GP-GRIEF-II
 # uses the paper's optimiser, L-BFGS-B (autograd gradients instead of its finite differences), for at most 100
 # iterations from the same initialisation: tens of evaluations in all.
 GRIEF_II_LARGE = dict(optimizer="lbfgs", epochs=100)

@@ -24,6 +24,7 @@ No M_g x M_g matrix is ever factorised, so M_g can be large. (m, S) take natural
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -186,6 +187,14 @@ class VariationalGP(GPModel):
         return self.conditional(X, self.cache["Lu"], self.cache["q_mu"], self.cache["q_sqrt"])
 
 
+class MeanWeights(NamedTuple):
+    """The mean's coefficients: a on gamma [M_g], w on the features [M_b], and c = Kbg a [M_b]."""
+
+    a: Tensor
+    w: Tensor
+    c: Tensor
+
+
 class OrthogonallyDecoupledGP(GPModel):
     """The orthogonally decoupled SVGP (see the module docstring), trained on minibatches.
 
@@ -253,41 +262,42 @@ class OrthogonallyDecoupledGP(GPModel):
         return [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in natural]}]
 
     # --- the objective ------------------------------------------------------------------------------------
-    def _mean_weights(self, Kbb, q_mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64)."""
+    def mean_weights(self, Kbb, q_mu: Tensor) -> MeanWeights:
+        """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64): computed once per objective, since
+        the moments and the KL both need them."""
         a = self.a_gamma.to(CORE)
         c = self.features.Kuf(self.gamma).to(CORE) @ a if self.n_mean_inducing else torch.zeros_like(q_mu)
-        return a, Kbb.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c
+        return MeanWeights(a, Kbb.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c)
 
-    def moments(self, X: Tensor, Kbb, q_mu: Tensor, S: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance of q(f) at X [b, d] (float64) for q(beta) = N(q_mu, S)."""
-        a, w, _ = self._mean_weights(Kbb, q_mu)
+    def moments(self, X: Tensor, Kbb, weights: MeanWeights, S: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and variance of q(f) at X [b, d] (float64) for q(beta) = N(m, S), with ``weights`` from m."""
         Kbx = self.features.Kuf(X).to(CORE)  # [M_b, b]
         A = Kbb.solve(Kbx)  # Kbb^{-1} phi(x)
-        mean = Kbx.T @ w
+        mean = Kbx.T @ weights.w
         if self.n_mean_inducing:
-            mean = mean + self.kernel(X, self.gamma).to(CORE) @ a
+            mean = mean + self.kernel(X, self.gamma).to(CORE) @ weights.a
         # k(x, x) - phi^T Kbb^{-1} phi >= 0 in exact arithmetic; the clamp removes round-off only
         residual = (self.features.Kff_diag(X).to(CORE) - (Kbx * A).sum(0)).clamp_min(0.0)
         return mean, residual + (A * (S @ A)).sum(0)
 
-    def prior_kl(self, Kbb, q_mu: Tensor, S: Tensor, logdet_S: Tensor) -> Tensor:
-        a, _, c = self._mean_weights(Kbb, q_mu)
+    def prior_kl(self, Kbb, weights: MeanWeights, q_mu: Tensor, S: Tensor, logdet_S: Tensor) -> Tensor:
         Kinv_S = Kbb.solve(S)
         kl_beta = 0.5 * (torch.trace(Kinv_S) - q_mu.shape[0] + Kbb.logdet() - logdet_S
                          + q_mu @ Kbb.solve(q_mu.unsqueeze(-1)).squeeze(-1))
         if not self.n_mean_inducing:
             return kl_beta
         # a^T (Kgg - Kgb Kbb^{-1} Kbg) a without factorising anything M_g x M_g (pitfall 9)
+        a, c = weights.a, weights.c
         Kgg = self.kernel(self.gamma, self.gamma).to(CORE)
         orthogonal = a @ Kgg @ a - c @ Kbb.solve(c.unsqueeze(-1)).squeeze(-1)
         return kl_beta + 0.5 * orthogonal.clamp_min(0.0)
 
     def _elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor, S: Tensor, logdet_S: Tensor) -> Tensor:
         Kbb = self.Kbb()
-        mean, var = self.moments(X, Kbb, q_mu, S)
+        weights = self.mean_weights(Kbb, q_mu)
+        mean, var = self.moments(X, Kbb, weights, S)
         expected = self.likelihood.expected_log_prob(y.to(CORE), mean, var).sum()
-        return (num_data / X.shape[0]) * expected - self.prior_kl(Kbb, q_mu, S, logdet_S)
+        return (num_data / X.shape[0]) * expected - self.prior_kl(Kbb, weights, q_mu, S, logdet_S)
 
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points (float64)."""
@@ -327,7 +337,7 @@ class OrthogonallyDecoupledGP(GPModel):
                     rho /= 2
                     continue
                 S_new = torch.cholesky_inverse(L_precision)
-                self.q_sqrt_raw.copy_(torch.linalg.cholesky(0.5 * (S_new + S_new.T)).to(self.q_sqrt_raw))
+                self.q_sqrt_raw.copy_(cholesky(0.5 * (S_new + S_new.T), what="S").to(self.q_sqrt_raw))
                 self.q_mu.copy_((S_new @ theta_1).to(self.q_mu))
                 return
         warnings.warn(f"A natural-gradient step on q(beta) was skipped: S would not stay positive definite even at "
@@ -339,7 +349,7 @@ class OrthogonallyDecoupledGP(GPModel):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         # q is the posterior: cache Kbb's Cholesky factor, L_S, the mean weights and gamma
         Kbb = self.Kbb()
-        _, w, _ = self._mean_weights(Kbb, self.q_mu.to(CORE))
+        w = self.mean_weights(Kbb, self.q_mu.to(CORE)).w
         self.cache = {"L_bb": cholesky(Kbb.to_dense(), what="Kbb"), "L_S": self.q_sqrt.detach().to(CORE).clone(),
                       "w": w, "a": self.a_gamma.detach().to(CORE).clone(), "gamma": self.gamma.detach().clone()}
 

@@ -42,7 +42,7 @@ _NUS = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
 
 # The jitter on the Kuu of the extra component's inducing points. A periodic kernel's is near singular whenever two
 # points sit about a period apart: with 1e-6 the natural-gradient steps on q(beta) diverged on Fig. 3's data (the
-# loss rose from 0.00 to 0.97 per point between epochs 100 and 250, test RMSE 0.49); with 1e-4 they did not (0.19).
+# loss rose from 0.00 to 0.97 per point between epochs 100 and 200, test RMSE 0.49); with 1e-4 they did not (0.19).
 EXTRA_JITTER = 1e-4
 _EXTRA_KERNELS = ("periodic",)
 

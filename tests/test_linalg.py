@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from gpscale.linalg import NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, qr_lstsq, qr_r
+from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, inverse_cholesky, qr_lstsq,
+                            qr_r)
 
 
 def spd(n, seed=0):
@@ -88,3 +89,14 @@ def test_gram_equals_the_product_and_its_gradient_is_autograds():
     torch.testing.assert_close(gram(M), M.T @ M)
     torch.testing.assert_close(ours, reference)
     assert torch.autograd.gradcheck(gram, (M,))
+
+
+def test_inverse_cholesky_is_the_lower_factor_of_the_inverse():
+    g = torch.Generator().manual_seed(4)
+    A = torch.randn(7, 7, generator=g, dtype=torch.float64)
+    P = A @ A.T + 0.5 * torch.eye(7, dtype=torch.float64)
+    L = inverse_cholesky(P)
+    assert torch.equal(L, torch.tril(L)) and bool((L.diagonal() > 0).all())
+    torch.testing.assert_close(L @ L.T, torch.linalg.inv(P))
+    with pytest.raises(NotPSDError):
+        inverse_cholesky(-P)

@@ -23,6 +23,7 @@ __all__ = [
     "solve_upper",
     "cho_solve",
     "logdet_from_cholesky",
+    "inverse_cholesky",
     "gaussian_log_likelihood",
     "gram",
     "qr_r",
@@ -94,6 +95,16 @@ def cho_solve(L: Tensor, B: Tensor) -> Tensor:
 def logdet_from_cholesky(L: Tensor) -> Tensor:
     """``log |A|`` from the Cholesky factor of ``A`` (any triangular factor with ``|A| = prod(diag)^2``)."""
     return 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
+
+
+def inverse_cholesky(P: Tensor, *, what: str = "matrix") -> Tensor:
+    """Lower ``L`` [m, m] with ``L L^T = P^{-1}`` for SPD ``P``, from one Cholesky factorisation and one triangular
+    inverse (about 2/3 m^3 flops; ``cholesky_inverse`` then ``cholesky`` cost twice that). With J the reversal,
+    ``J P J = U U^T`` gives ``P^{-1} = (J U^{-T} J)(J U^{-T} J)^T`` and ``J U^{-T} J`` is lower triangular.
+    Raises :class:`NotPSDError` (no jitter) when P is not positive definite."""
+    U = cholesky(P.flip(-2, -1), max_tries=0, what=what)
+    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
+    return solve_lower(U, eye).mT.flip(-2, -1)
 
 
 class _GaussianLogLikelihood(torch.autograd.Function):

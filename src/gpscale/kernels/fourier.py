@@ -11,13 +11,13 @@ covariances are known in closed form (§3.3-3.4):
 
 - ``Kuf = Cov(zeta, f(x)) = phi(x)`` for x in [a, b], whatever the hyperparameters (the reproducing property);
   outside [a, b] only the boundary form survives and the entries decay like ``exp(-lambda delta)`` (:func:`vff_Kuf`);
-- ``Kuu = <phi_i, phi_j>_H = blockdiag(K_cos, K_sin)``, each block a diagonal plus a rank-0, 1 or 2 term
-  (:class:`~gpscale.operators.DiagPlusLowRank`), whose solves and log-determinant cost O(M r^2) by Woodbury and
-  the determinant lemma; nothing M x M is ever inverted.
+- ``Kuu = <phi_i, phi_j>_H = blockdiag(K_cos, K_sin)``, each block a diagonal plus a rank-0, 1 or 2 term, kept
+  as one :class:`~gpscale.operators.DiagPlusLowRank` with a block-diagonal W, whose solves and log-determinant
+  cost O(M r^2) by Woodbury and the determinant lemma; nothing M x M is ever inverted.
 
 In D dimensions an additive kernel ``sum_d k_d(x_d, x'_d)`` has D independent feature sets (K_uu block diagonal
-over dimensions, :class:`~gpscale.operators.BlockDiagonal`), a product kernel ``prod_d k_d`` the tensor-product
-features (K_uu the Kronecker product of the 1-D matrices, :class:`~gpscale.operators.Kronecker`; (2F + 1)^D
+over dimensions, again one diagonal plus low rank with W block diagonal), a product kernel ``prod_d k_d`` the
+tensor-product features (K_uu the Kronecker product of the 1-D matrices, :class:`~gpscale.operators.Kronecker`; (2F + 1)^D
 features, for D <= 3).
 
 Interval: the induced kernel ``phi^T Kuu^{-1} phi`` converges to k inside (a, b) as F grows, but not at the ends,
@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..operators import BlockDiagonal, DiagPlusLowRank
+from ..operators import DiagPlusLowRank
 
 __all__ = ["NUS", "matern_lambda", "frequencies", "fourier_basis", "vff_Kuf", "vff_Kuu", "row_kronecker",
            "box_with_margin"]
@@ -97,9 +97,10 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
 
 
 def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tensor,
-            variance: Tensor) -> BlockDiagonal:
-    """``Kuu = <phi_i, phi_j>_H`` [2F + 1, 2F + 1] for a 1-D Matérn-nu (variance s^2, lengthscale l) on [a, b], as
-    ``blockdiag(K_cos, K_sin)`` (the cos-sin block is exactly zero), each ``diag + W W^T`` (§3.3):
+            variance: Tensor) -> DiagPlusLowRank:
+    """``Kuu = <phi_i, phi_j>_H`` [2F + 1, 2F + 1] for a 1-D Matérn-nu (variance s^2, lengthscale l) on [a, b]:
+    ``blockdiag(K_cos, K_sin)`` (the cos-sin block is exactly zero), each ``diag + W W^T`` (§3.3), returned as one
+    ``diag + W W^T`` with W = blockdiag(W_cos, W_sin):
 
         nu = 1/2: d = Delta (lambda^2 + omega^2) / (c lambda s^2),         c = 2 (m = 0), 4;  W_cos = 1 / s
         nu = 3/2: d = Delta (lambda^2 + omega^2)^2 / (c lambda^3 s^2),     c = 4, 8;          W_cos = 1 / s,
@@ -132,7 +133,7 @@ def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tens
         d = 3 * delta * spectrum / (16 * c * lam**5 * variance)
         W_cos = torch.stack([(3 * omega**2 / lam**2 - 1) / (s * math.sqrt(8)), ones / s], dim=-1)
         W_sin = (math.sqrt(3) * omega[1:] / (lam * s)).unsqueeze(-1)
-    return BlockDiagonal([DiagPlusLowRank(d, W_cos), DiagPlusLowRank(d[1:], W_sin)])
+    return DiagPlusLowRank.block_diagonal([DiagPlusLowRank(d, W_cos), DiagPlusLowRank(d[1:], W_sin)])
 
 
 def row_kronecker(factors: list[Tensor]) -> Tensor:

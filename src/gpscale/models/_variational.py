@@ -30,7 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import NotPSDError, NumericalWarning, cholesky, logdet_from_cholesky, solve_lower, solve_upper
+from ..linalg import (NotPSDError, NumericalWarning, cholesky, inverse_cholesky, logdet_from_cholesky, solve_lower,
+                      solve_upper)
 from ..operators import BlockDiagonal, DenseSPD
 from .base import GPModel
 from .inducing import kmeans_centers
@@ -299,13 +300,18 @@ class OrthogonallyDecoupledGP(GPModel):
         expected = self.likelihood.expected_log_prob(y.to(CORE), mean, var).sum()
         return (num_data / X.shape[0]) * expected - self.prior_kl(Kbb, weights, q_mu, S, logdet_S)
 
+    def _elbo_at(self, X: Tensor, y: Tensor, num_data: int, m: Tensor, L: Tensor) -> Tensor:
+        return self._elbo(X, y, num_data, m, L @ L.T, logdet_from_cholesky(L))
+
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points (float64)."""
-        L = self.q_sqrt.to(CORE)
-        return self._elbo(X, y, num_data, self.q_mu.to(CORE), L @ L.T, logdet_from_cholesky(L))
+        return self._elbo_at(X, y, num_data, self.q_mu.to(CORE), self.q_sqrt.to(CORE))
 
     def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        return -self.elbo(X, y, num_data) / num_data
+        m, L = self.q_mu.to(CORE), self.q_sqrt.to(CORE)
+        if self.natural_gradients:  # (m, S) move by natural-gradient steps alone: Adam needs no gradient for them
+            m, L = m.detach(), L.detach()
+        return -self._elbo_at(X, y, num_data, m, L) / num_data
 
     # --- natural gradients --------------------------------------------------------------------------------
     def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int) -> None:
@@ -322,23 +328,24 @@ class OrthogonallyDecoupledGP(GPModel):
             L = self.q_sqrt.to(CORE)
             m = self.q_mu.detach().to(CORE).clone().requires_grad_(True)
             S = (L @ L.T).requires_grad_(True)
-        elbo = self._elbo(X, y, num_data, m, S, 2 * torch.log(torch.diagonal(cholesky(S, what="S"))).sum())
+        # log|S| enters as a constant: its gradient 1/2 S^{-1} is added below, which saves differentiating a
+        # Cholesky factorisation of S
+        elbo = self._elbo(X, y, num_data, m, S, logdet_from_cholesky(L))
         g_m, g_S = torch.autograd.grad(elbo, [m, S])
         with torch.no_grad():
-            g_S = 0.5 * (g_S + g_S.T)
             S_inv = torch.cholesky_inverse(L)
+            g_S = 0.5 * (g_S + g_S.T) + 0.5 * S_inv
             rho = self.natgrad_step
             for _ in range(10):
                 theta_1 = S_inv @ m + rho * (g_m - 2 * g_S @ m)
                 precision = S_inv - 2 * rho * g_S  # -2 theta_2
                 try:
-                    L_precision = cholesky(0.5 * (precision + precision.T), max_tries=0, what="new S^{-1}")
+                    L_new = inverse_cholesky(0.5 * (precision + precision.T), what="new S^{-1}")
                 except NotPSDError:
                     rho /= 2
                     continue
-                S_new = torch.cholesky_inverse(L_precision)
-                self.q_sqrt_raw.copy_(cholesky(0.5 * (S_new + S_new.T), what="S").to(self.q_sqrt_raw))
-                self.q_mu.copy_((S_new @ theta_1).to(self.q_mu))
+                self.q_sqrt_raw.copy_(L_new.to(self.q_sqrt_raw))
+                self.q_mu.copy_((L_new @ (L_new.T @ theta_1)).to(self.q_mu))
                 return
         warnings.warn(f"A natural-gradient step on q(beta) was skipped: S would not stay positive definite even at "
                       f"step {rho:.2g}. Pass a smaller natgrad_step (now {self.natgrad_step}) or a larger jitter.",

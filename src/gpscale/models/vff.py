@@ -27,7 +27,7 @@ from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Periodic, Sum
 from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
-from ..operators import BlockDiagonal, DiagPlusLowRank, Kronecker
+from ..operators import DiagPlusLowRank, Kronecker
 from ._variational import CORE, InducingFeatures, OrthogonallyDecoupledGP, StackedFeatures
 from .base import register
 from .inducing import kmeans_centers
@@ -119,19 +119,16 @@ class FourierFeatures(InducingFeatures):
     def _intervals(self) -> list[tuple[float, float]]:
         return list(zip(self.lower.tolist(), self.upper.tolist()))
 
-    def Kuu_operator(self, jitter: float = 0.0) -> BlockDiagonal | Kronecker:
-        """K_uu in its structure (float64): blocks per dimension (additive) or a Kronecker product (product, with
-        s^2 on the first factor). It needs no jitter (its diagonal is bounded below by the integral term); a
-        ``jitter`` is added to the diagonal of the additive blocks."""
+    def Kuu_operator(self, jitter: float = 0.0) -> DiagPlusLowRank | Kronecker:
+        """K_uu in its structure (float64): blocks per dimension (additive; one diagonal plus low rank with a block-
+        diagonal W) or a Kronecker product (product, with s^2 on the first factor). It needs no jitter (its
+        diagonal is bounded below by the integral term); a ``jitter`` is added to the additive diagonal."""
         ls = self.kernel.lengthscale.to(CORE)
         if self.additive:
             variance = self.kernel.variance.to(CORE)
             blocks = [vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
                       for d, (a, b) in enumerate(self._intervals())]
-            if jitter:
-                blocks = [BlockDiagonal([DiagPlusLowRank(part.d + jitter, part.W) for part in block.blocks])
-                          for block in blocks]
-            return BlockDiagonal(blocks)
+            return DiagPlusLowRank.block_diagonal(blocks).with_jitter(jitter)
         if jitter:
             raise ValueError("A product-kernel K_uu takes no jitter (it would not stay a Kronecker product).")
         one = torch.ones((), dtype=CORE, device=ls.device)

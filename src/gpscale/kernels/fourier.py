@@ -17,8 +17,8 @@ covariances are known in closed form (§3.3-3.4):
 
 In D dimensions an additive kernel ``sum_d k_d(x_d, x'_d)`` has D independent feature sets (K_uu block diagonal
 over dimensions, again one diagonal plus low rank with W block diagonal), a product kernel ``prod_d k_d`` the
-tensor-product features (K_uu the Kronecker product of the 1-D matrices, :class:`~gpscale.operators.Kronecker`; (2F + 1)^D
-features, for D <= 3).
+tensor-product features (K_uu the Kronecker product of the 1-D matrices, :class:`~gpscale.operators.Kronecker`;
+(2F + 1)^D features, for D <= 3).
 
 Interval: the induced kernel ``phi^T Kuu^{-1} phi`` converges to k inside (a, b) as F grows, but not at the ends,
 where every feature has phi(a) = phi(b) and the residual stays about s^2 / 2 (§9 pitfall 1). So the box must

@@ -302,6 +302,25 @@ def test_gp_sample_has_rbf_covariance_and_noise():
     assert np.std(y - f) == pytest.approx(0.1, rel=0.1)
 
 
+@pytest.mark.parametrize("nu", [None, 0.5, 1.5, 2.5])
+def test_spectral_frequencies_reproduce_the_kernel(nu):
+    # Bochner: E cos(omega . r) = k(r) for omega from the spectral density; 400k draws leave ~1e-3 of noise
+    lengthscale, d = 0.1, 3
+    omega = data.spectral_frequencies(np.random.default_rng(0), d, 400_000, lengthscale, nu)
+    for dist in (0.03, 0.1, 0.25):
+        r = dist * np.ones(d) / np.sqrt(d)
+        t = dist / lengthscale
+        k = {None: np.exp(-t**2 / 2), 0.5: np.exp(-t), 1.5: (1 + np.sqrt(3) * t) * np.exp(-np.sqrt(3) * t),
+             2.5: (1 + np.sqrt(5) * t + 5 * t**2 / 3) * np.exp(-np.sqrt(5) * t)}[nu]
+        assert np.mean(np.cos(r @ omega)) == pytest.approx(k, abs=6e-3)
+
+
+def test_odvff_synthetic_sets():
+    ds = load_dataset("matern32_d5", split=1, n=1200, test_fraction=200 / 1200, x_scaling="none")
+    assert (ds.n_train, ds.n_test, ds.d) == (1000, 200, 5) and data.GENERATED["matern32_d5"] == 5
+    assert 0 <= ds.X_train.min() and ds.X_train.max() <= 1  # U[0, 1]^D, unscaled
+
+
 # ---------------------------------------------------------------------------------------- errors and discovery
 
 

@@ -319,6 +319,10 @@ def test_odvff_synthetic_sets():
     ds = load_dataset("matern32_d5", split=1, n=1200, test_fraction=200 / 1200, x_scaling="none")
     assert (ds.n_train, ds.n_test, ds.d) == (1000, 200, 5) and data.GENERATED["matern32_d5"] == 5
     assert 0 <= ds.X_train.min() and ds.X_train.max() <= 1  # U[0, 1]^D, unscaled
+    raw = load_dataset("matern32_d5", split=1, n=1200, test_fraction=200 / 1200, x_scaling="none",
+                       standardize_y=False)
+    assert (raw.y_mean, raw.y_std) == (0.0, 1.0)
+    np.testing.assert_allclose(raw.y_train, ds.y_train * ds.y_std + ds.y_mean)
 
 
 # ---------------------------------------------------------------------------------------- errors and discovery

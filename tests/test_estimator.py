@@ -18,10 +18,10 @@ def data(n=120, d=3, seed=0):
 
 
 # the size option of each method, small enough for the few dozen fits of check_estimator
-SMALL = {"vff": {"n_frequencies": 8}}
+SMALL = {"vff": {"n_frequencies": 8}, "hvgp": {"n_ways": 1}}
 
 
-@pytest.mark.parametrize("method", ["exact", "sgpr", "svgp", "dbk", "grief", "vff"])
+@pytest.mark.parametrize("method", ["exact", "sgpr", "svgp", "dbk", "grief", "vff", "hvgp"])
 def test_check_estimator(method):
     options = SMALL.get(method, {})
     # method options are keyword arguments beyond the signature, which this one check cannot see

@@ -97,18 +97,26 @@ class StackedFeatures(InducingFeatures):
 
 
 def gauss_kl_whitened(q_mu: Tensor, q_sqrt: Tensor) -> Tensor:
-    """``KL(N(m, S S^T) || N(0, I)) = 1/2 (m^T m + tr(S S^T) - M - log|S S^T|)`` for lower-triangular S."""
-    mahalanobis = q_mu @ q_mu
+    """``KL(N(m, S S^T) || N(0, I)) = 1/2 (m^T m + tr(S S^T) - M - log|S S^T|)`` for lower-triangular S; with
+    blocks (q_mu [T, m], q_sqrt [T, m, m]) the sum of the blocks' KLs."""
+    mahalanobis = (q_mu * q_mu).sum()
     trace = (q_sqrt**2).sum()
-    logdet_qcov = logdet_from_cholesky(q_sqrt)
-    return 0.5 * (mahalanobis + trace - q_mu.shape[0] - logdet_qcov)
+    logdet_qcov = logdet_from_cholesky(q_sqrt).sum()
+    return 0.5 * (mahalanobis + trace - q_mu.numel() - logdet_qcov)
+
+
+def _sum_blocks(V: Tensor) -> Tensor:
+    """[..., m, c] -> [c]: the sum over features and blocks."""
+    return V.reshape(-1, V.shape[-1]).sum(0)
 
 
 class VariationalGP(GPModel):
     """A GP with a whitened Gaussian q over inducing features, trained on the minibatch ELBO.
 
     Subclasses set ``self.features`` (an :class:`InducingFeatures`) in ``__init__`` and call
-    :meth:`init_variational` once its size is known.
+    :meth:`init_variational` once its size is known. Features may come in T independent blocks (the sub-GPs of
+    HVGP): then Kuu is [T, m, m], Kuf [T, m, c], and q is block diagonal, q_mu [T, m] and q_sqrt [T, m, m], so
+    f = sum_t f_t with each block whitened by its own Cholesky factor.
 
     Args:
         jitter: added to the diagonal of Kuu (absolute).
@@ -120,19 +128,21 @@ class VariationalGP(GPModel):
         super().__init__(n_features, **kwargs)
         self.jitter = float(jitter)
 
-    def init_variational(self, m: int) -> None:
-        self.q_mu = nn.Parameter(torch.zeros(m))
-        self.q_sqrt_raw = nn.Parameter(torch.eye(m))  # only its lower triangle is used
+    def init_variational(self, m: int, blocks: int | None = None) -> None:
+        """q(v) = N(0, I): q_mu [m] and q_sqrt [m, m], or [blocks, m] and [blocks, m, m]."""
+        batch = () if blocks is None else (int(blocks),)
+        self.q_mu = nn.Parameter(torch.zeros(*batch, m))
+        self.q_sqrt_raw = nn.Parameter(torch.eye(m).expand(*batch, m, m).clone())  # only its lower triangle is used
 
     @property
     def q_sqrt(self) -> Tensor:
-        """S [m, m], lower triangular."""
+        """S [m, m] (or [T, m, m]), lower triangular."""
         return torch.tril(self.q_sqrt_raw)
 
     def Lu(self) -> Tensor:
-        """Cholesky factor of Kuu + jitter I [m, m], float64."""
+        """Cholesky factor of Kuu + jitter I [m, m] (or [T, m, m]), float64."""
         Kuu = self.features.Kuu().to(CORE)
-        eye = torch.eye(Kuu.shape[0], dtype=CORE, device=Kuu.device)
+        eye = torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
         return cholesky(Kuu + self.jitter * eye, what="inducing covariance Kuu")
 
     def prior_kl(self, q_sqrt: Tensor | None = None) -> Tensor:
@@ -140,13 +150,14 @@ class VariationalGP(GPModel):
         return gauss_kl_whitened(self.q_mu.to(CORE), q_sqrt.to(CORE))
 
     def conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance [c] of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)."""
+        """Mean and variance [c] of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T) (or
+        their blocks, summed)."""
         A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # L^{-1} Kuf, [m, c]
-        mean = A.T @ q_mu.to(X.dtype)
-        SA = q_sqrt.to(X.dtype).T @ A  # S^T L^{-1} Kuf, [m, c]
+        mean = torch.einsum("...mc,...m->c", A, q_mu.to(X.dtype))
+        SA = q_sqrt.to(X.dtype).mT @ A  # S^T L^{-1} Kuf, [m, c]
         # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
-        residual = (self.features.Kff_diag(X) - (A * A).sum(0)).clamp_min(0.0)
-        return mean, residual + (SA * SA).sum(0)
+        residual = (self.features.Kff_diag(X) - _sum_blocks(A * A)).clamp_min(0.0)
+        return mean, residual + _sum_blocks(SA * SA)
 
     def projected_conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """The moments of :meth:`conditional`, with the m x m algebra done once per batch:
@@ -159,18 +170,19 @@ class VariationalGP(GPModel):
         and its rounding grows with cond(Kuu): it serves the float64 training objective only; prediction keeps
         :meth:`conditional`.
         """
-        eye = torch.eye(Lu.shape[0], dtype=CORE, device=Lu.device)
+        eye = torch.eye(Lu.shape[-1], dtype=CORE, device=Lu.device)
         L_inv = solve_lower(Lu, eye)
         S = q_sqrt.to(CORE)
-        a = L_inv.T @ q_mu.to(CORE)
-        P = L_inv.T @ (S @ S.T - eye) @ L_inv
+        a = (L_inv.mT @ q_mu.to(CORE).unsqueeze(-1)).squeeze(-1)
+        P = L_inv.mT @ (S @ S.mT - eye) @ L_inv
         Kuf = self.features.Kuf(X)  # [m, b]
-        return Kuf.T @ a.to(X.dtype), self.features.Kff_diag(X) + (Kuf * (P.to(X.dtype) @ Kuf)).sum(0)
+        mean = torch.einsum("...mc,...m->c", Kuf, a.to(X.dtype))
+        return mean, self.features.Kff_diag(X) + _sum_blocks(Kuf * (P.to(X.dtype) @ Kuf))
 
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points."""
         q_sqrt = self.q_sqrt
-        projected = X.dtype == CORE and 2 * self.q_mu.shape[0] <= X.shape[0]
+        projected = X.dtype == CORE and 2 * self.q_mu.shape[-1] <= X.shape[0]
         conditional = self.projected_conditional if projected else self.conditional
         mean, var = conditional(X, self.Lu(), self.q_mu, q_sqrt)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()

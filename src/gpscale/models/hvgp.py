@@ -1,0 +1,157 @@
+"""HVGP: the harmonic variational GP (Sun, Shi, Wilson & Grosse 2021; spec shared/specs/hkd.md §3-4).
+
+A kernel invariant under a finite abelian group of input maps G splits into T real sub-kernels
+``k_t(x, x') = sum_s W[t, s] k(x, G^s x')`` (:mod:`gpscale.kernels.harmonic`) that sum to k and have orthogonal
+RKHSs, so f = sum_t f_t with independent f_t ~ GP(0, k_t). HVGP gives each f_t its own inducing inputs Z_t
+[m, d] and its own whitened q(v_t), u_t = L_t v_t with L_t L_t^T = k_t(Z_t, Z_t): K_uu is block diagonal, and
+T m inducing variables cost O(T m^3) instead of O(T^3 m^3). The blocks run through the SVGP engine
+(:class:`~gpscale.models._variational.VariationalGP` with T blocks):
+
+    q(f(x)) = N(sum_t a_t^T m_t,  k(x, x) - sum_t a_t^T a_t + sum_t |S_t^T a_t|^2),   a_t = L_t^{-1} k_t(Z_t, x)
+
+With ``shared_inducing=True`` every block uses the same Z (the paper's TRAN-S): one orbit of Z serves all blocks.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..kernels import Kernel
+from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, LongitudeRotation, Negation, check_invariant,
+                                pca_directions, subspace_negations)
+from ._variational import InducingFeatures, VariationalGP
+from .base import register
+from .inducing import kmeans_centers
+
+__all__ = ["HarmonicFeatures", "HVGP"]
+
+
+class HarmonicFeatures(InducingFeatures):
+    """``u_t = sum_s W[t, s] f(G^s z_t)`` for T blocks of m inducing inputs: Kuu [T, m, m], Kuf [T, m, c].
+
+    Args:
+        kernel: a kernel invariant under ``action``.
+        action: the group (:class:`~gpscale.kernels.harmonic.GroupAction`).
+        m: inducing inputs per block; d: input dimension.
+        shared: one Z [m, d] for every block, else Z [T, m, d].
+    """
+
+    def __init__(self, kernel: Kernel, action: GroupAction, m: int, d: int, shared: bool = False):
+        super().__init__()
+        self.kernel = kernel
+        self.action = action
+        self.blocks = action.n_subkernels
+        self.num_inducing = self.blocks * int(m)
+        self.shared = bool(shared)
+        self.Z = nn.Parameter(torch.zeros(m, d) if shared else torch.zeros(self.blocks, m, d))
+
+    def _orbit_block(self, X: Tensor, Z: Tensor) -> Tensor:
+        """``k(x_c, G^s z_j)`` [S, c, m] for X [c, d], Z [m, d]: one kernel evaluation against Z's orbit."""
+        orbit = self.action.orbit(Z)  # [S, m, d]
+        S, m, d = orbit.shape
+        return self.kernel(X, orbit.reshape(S * m, d)).reshape(-1, S, m).transpose(0, 1)
+
+    def _sub_kernels(self, K: Tensor) -> Tensor:
+        """[T, S, c, m] -> ``k_t(Z_t, X)`` [T, m, c]: each block's row of the real weights W [T, S]."""
+        W = self.action.weights(dtype=K.dtype, device=K.device)
+        return torch.einsum("ts,tscm->tmc", W, K)
+
+    def Kuf(self, X: Tensor) -> Tensor:
+        """``k_t(Z_t, X)`` [T, m, c]: the sub-kernel of each block, never k (spec §8 pitfall 7)."""
+        if self.shared:  # one orbit serves every block
+            return self._sub_kernels(self._orbit_block(X, self.Z).expand(self.blocks, -1, -1, -1))
+        return self._sub_kernels(torch.stack([self._orbit_block(X, Zt) for Zt in self.Z]))
+
+    def Kuu(self) -> Tensor:
+        """``k_t(Z_t, Z_t)`` [T, m, m], symmetrised: k_t is symmetric only through the kernel's invariance, which
+        round-off breaks slightly, and Cholesky reads one triangle (spec §8 pitfall 6)."""
+        if self.shared:
+            Kuu = self.Kuf(self.Z)
+        else:
+            Kuu = self._sub_kernels(torch.stack([self._orbit_block(Zt, Zt) for Zt in self.Z]))
+        return 0.5 * (Kuu + Kuu.mT)
+
+    def Kff_diag(self, X: Tensor) -> Tensor:
+        return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)
+
+
+def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:
+    """A loaded pca_basis defines a new group: rebuild the action from it (a module-level hook: picklable)."""
+    model._rebuild_action()
+
+
+GROUPS = ("negation", "pca_negation", "cyclic_shift", "longitude", "identity")
+_ISOTROPIC_GROUPS = ("pca_negation", "cyclic_shift", "longitude")  # an ARD kernel is not invariant to these
+
+
+def make_group(name: str, n_features: int, *, basis: Tensor, n_ways: int, period: int) -> GroupAction:
+    """The action called ``name`` (:data:`GROUPS`) on R^d; ``basis`` [d, d] holds the PCA directions (columns, by
+    descending variance) for ``'pca_negation'``."""
+    if name == "pca_negation":
+        return subspace_negations(basis, n_ways)
+    if name == "longitude":
+        if n_features != 3:
+            raise ValueError(f"group='longitude' rotates 3-D unit vectors (the sphere embedding of (lon, lat)); the "
+                             f"inputs have {n_features} columns.")
+        return LongitudeRotation(period)
+    return {"negation": Negation, "identity": Identity,
+            "cyclic_shift": lambda: CyclicShift(n_features=n_features)}[name]()
+
+
+@register("hvgp")
+class HVGP(VariationalGP):
+    """Harmonic variational GP: T sub-GPs with their own inducing inputs and independent whitened q.
+
+    Args:
+        n_inducing: m, inducing inputs per sub-GP (T m in all; k-means initialised, the same for every block).
+        group: the symmetry the kernel and, ideally, the inputs' distribution share (spec §1, Thm 4.2):
+            ``'pca_negation'`` (default; ``n_ways`` negations of interleaved PCA subspaces of the training inputs,
+            T = 2^n_ways: the paper's regression benchmarks), ``'negation'`` (x -> -x, T = 2), ``'cyclic_shift'``
+            (roll the coordinates, P = d), ``'longitude'`` (rotate 3-D unit vectors about the z axis by
+            360 / ``period`` degrees: the paper's Earth data), ``'identity'`` (T = 1: SVGP); or a
+            :class:`~gpscale.kernels.harmonic.GroupAction`.
+        n_ways: J for ``'pca_negation'`` (default 3).
+        period: P for ``'longitude'`` (default 12).
+        shared_inducing: one Z for every block (the paper's TRAN-S), else one per block.
+        kernel: default ``'matern32'`` with ``ard=False``: a shared lengthscale keeps the kernel invariant under
+            rotations and PCA negations; an ARD kernel is refused where it is not invariant.
+        **kwargs: ``jitter`` and the options of :class:`GPModel`.
+
+    Inputs should be centred (negation is about the origin): gpscale's standardisation does this.
+    """
+
+    def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "pca_negation",
+                 n_ways: int = 3, period: int = 12, shared_inducing: bool = False, **kwargs):
+        kwargs.setdefault("kernel", "matern32")
+        kwargs.setdefault("ard", False)
+        super().__init__(n_features, **kwargs)
+        if not isinstance(group, GroupAction) and group not in GROUPS:
+            raise ValueError(f"group must be one of {GROUPS} or a GroupAction, got {group!r}.")
+        if group in _ISOTROPIC_GROUPS and getattr(self.kernel, "ard", False) and self.n_features > 1:
+            raise ValueError(f"group={group!r} mixes the input coordinates, so the kernel must have one shared "
+                             "lengthscale to stay invariant: pass ard=False (the default for hvgp).")
+        self.n_inducing = int(n_inducing)
+        self.group, self.n_ways, self.period = group, int(n_ways), int(period)
+        # the PCA directions are data: a buffer, so that a saved model restores its group (rows: directions)
+        self.register_buffer("pca_basis", torch.eye(self.n_features))
+        self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
+                                         shared=shared_inducing)
+        self.init_variational(self.n_inducing, blocks=self.features.blocks)
+        self.register_load_state_dict_post_hook(_rebuild_after_load)
+
+    def _action(self) -> GroupAction:
+        if isinstance(self.group, GroupAction):
+            return self.group
+        return make_group(self.group, self.n_features, basis=self.pca_basis, n_ways=self.n_ways, period=self.period)
+
+    def _rebuild_action(self) -> None:
+        self.features.action = self._action()
+
+    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        with torch.no_grad():
+            if self.group == "pca_negation":
+                self.pca_basis.copy_(pca_directions(X).to(self.pca_basis))
+                self._rebuild_action()
+            check_invariant(self.kernel, self.features.action, X[: min(len(X), 64)])
+            Z = kmeans_centers(X, self.n_inducing, seed)
+            self.features.Z.copy_(Z if self.features.shared else Z.expand_as(self.features.Z))

@@ -1,0 +1,193 @@
+"""HVGP (spec hkd.md §9, checks 8-13): T = 1 is SVGP, the closed-form optimum recovers the exact evidence on
+orbit-closed data, the bounds order, and the model trains through the common contract."""
+import math
+
+import pytest
+import torch
+
+from gpscale import GPRegressor
+from gpscale.kernels import RBF, inverse_softplus
+from gpscale.kernels.harmonic import Negation, harmonic_kernels
+from gpscale.models import get_model_class
+from gpscale.models.hvgp import HVGP
+from gpscale.models.svgp import SVGP
+from gpscale.train import fit
+
+F64 = torch.float64
+X0 = torch.tensor([[0.3, -1.2], [1.0, 0.4], [-0.7, 0.9]], dtype=F64)
+
+
+def target(X):
+    return torch.sin(3 * X[:, 0]) + X[:, 1]
+
+
+def rbf_hvgp(group, m, noise=0.1, **options):
+    """RBF(1, 1) and the noise set in float64: the constructor rounds them through float32 (about 1e-8)."""
+    model = HVGP(2, n_inducing=m, group=group, kernel=RBF(2, ard=False), jitter=1e-10, **options).double()
+    with torch.no_grad():
+        model.kernel.raw_lengthscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
+        model.kernel.raw_outputscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
+        noise = torch.tensor(noise, dtype=F64) - model.likelihood.noise_floor
+        model.likelihood.raw_noise.fill_(inverse_softplus(noise))
+    return model
+
+
+def log_evidence(model, X, y):
+    K = model.kernel(X, X) + model.likelihood.noise * torch.eye(len(X), dtype=F64)
+    return torch.distributions.MultivariateNormal(torch.zeros(len(X), dtype=F64), K).log_prob(y).item()
+
+
+def set_optimal_q(model, X, y):
+    """The analytic optimum of the HVGP ELBO for a Gaussian likelihood (spec §3.4): the joint Titsias mean and
+    S_t = K_t (K_t + s^-2 K_tf K_ft)^-1 K_t per block, mapped to the whitened v_t = L_t^{-1} u_t."""
+    noise = model.likelihood.noise.detach()
+    with torch.no_grad():
+        Kuu = model.features.Kuu() + model.jitter * torch.eye(model.n_inducing, dtype=F64)  # [T, m, m]
+        Kuf = model.features.Kuf(X)  # [T, m, n]
+        T, m, _ = Kuu.shape
+        Kuu_joint = torch.block_diag(*Kuu)
+        Kuf_joint = Kuf.reshape(T * m, -1)
+        mu = Kuu_joint @ torch.linalg.solve(Kuu_joint + Kuf_joint @ Kuf_joint.T / noise, Kuf_joint @ y) / noise
+        L = torch.linalg.cholesky(Kuu)
+        for t in range(T):
+            S = Kuu[t] @ torch.linalg.solve(Kuu[t] + Kuf[t] @ Kuf[t].T / noise, Kuu[t])
+            Linv = torch.linalg.inv(L[t])
+            model.q_mu[t] = Linv @ mu[t * m:(t + 1) * m]
+            model.q_sqrt_raw[t] = torch.linalg.cholesky(Linv @ S @ Linv.T)
+
+
+def collapsed_bound(model, X, y):
+    """log N(y | 0, Q + s^2 I) - tr(K - Q) / (2 s^2) with Q = sum_t K_tf K_t^-1 K_tu."""
+    noise = model.likelihood.noise.detach()
+    with torch.no_grad():
+        Kuu = model.features.Kuu() + model.jitter * torch.eye(model.n_inducing, dtype=F64)
+        Kuf = model.features.Kuf(X)
+        Q = sum(Kuf[t].T @ torch.linalg.solve(Kuu[t], Kuf[t]) for t in range(len(Kuu)))
+        cov = Q + noise * torch.eye(len(X), dtype=F64)
+        fit_term = torch.distributions.MultivariateNormal(torch.zeros(len(X), dtype=F64), cov).log_prob(y)
+        return (fit_term - torch.trace(model.kernel(X, X) - Q) / (2 * noise)).item()
+
+
+def test_10_the_optimum_on_orbit_closed_data_is_the_exact_evidence():
+    X = torch.cat([X0, -X0])
+    y = target(X)
+    model = rbf_hvgp("negation", m=3)
+    with torch.no_grad():
+        model.features.Z.copy_(X0.expand(2, -1, -1))
+    set_optimal_q(model, X, y)
+    assert log_evidence(model, X, y) == pytest.approx(-4.9762418220, abs=1e-9)
+    assert model.elbo(X, y, len(X)).item() == pytest.approx(-4.9762418220, abs=1e-6)
+    assert collapsed_bound(model, X, y) == pytest.approx(-4.9762418220, abs=1e-6)
+    svgp_like = rbf_hvgp("identity", m=3)  # SVGP with Z = X0 alone: the spec's -10.0342
+    with torch.no_grad():
+        svgp_like.features.Z.copy_(X0.expand(1, -1, -1))
+    set_optimal_q(svgp_like, X, y)
+    assert svgp_like.elbo(X, y, len(X)).item() == pytest.approx(-10.0342, abs=1e-3)
+
+
+def test_13_nystrom_residual_vanishes_on_closed_training_data():
+    X = torch.cat([X0, -X0])
+    model = rbf_hvgp("negation", m=3)
+    with torch.no_grad():
+        model.features.Z.copy_(X0.expand(2, -1, -1))
+        Kuu = model.features.Kuu() + model.jitter * torch.eye(3, dtype=F64)
+        Kuf = model.features.Kuf(X)
+        Q = sum((Kuf[t] * torch.linalg.solve(Kuu[t], Kuf[t])).sum(0) for t in range(2))
+    assert (model.kernel.diag(X) - Q).abs().max() < 1e-8
+
+
+def test_11_bounds_order_on_data_that_is_not_closed():
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(25, 2, generator=g, dtype=F64)
+    y = target(X) + 0.3 * torch.randn(25, generator=g, dtype=F64)
+    model = rbf_hvgp("negation", m=4)
+    with torch.no_grad():
+        model.features.Z.copy_(torch.randn(2, 4, 2, generator=g, dtype=F64))
+    random_q = model.elbo(X, y, 25).item()
+    set_optimal_q(model, X, y)
+    optimum = model.elbo(X, y, 25).item()
+    assert random_q < optimum <= collapsed_bound(model, X, y) + 1e-9 < log_evidence(model, X, y)
+    with torch.no_grad():  # perturbing the optimum never raises the ELBO
+        for _ in range(5):
+            model.q_mu.add_(1e-3 * torch.randn(model.q_mu.shape, generator=g, dtype=F64))
+            assert model.elbo(X, y, 25).item() <= optimum + 1e-12
+
+
+def test_8_one_transformation_is_svgp():
+    g = torch.Generator().manual_seed(8)
+    X = torch.randn(40, 2, generator=g, dtype=F64)
+    y = target(X)
+    Z = torch.randn(6, 2, generator=g, dtype=F64)
+    q_mu = torch.randn(6, generator=g, dtype=F64)
+    q_sqrt = torch.tril(torch.randn(6, 6, generator=g, dtype=F64)) + 3 * torch.eye(6, dtype=F64)
+    hvgp = rbf_hvgp("identity", m=6)
+    svgp = SVGP(2, n_inducing=6, kernel=RBF(2, ard=False), jitter=1e-10).double()
+    svgp.kernel.load_state_dict(hvgp.kernel.state_dict())
+    svgp.likelihood.load_state_dict(hvgp.likelihood.state_dict())
+    with torch.no_grad():
+        hvgp.features.Z.copy_(Z.unsqueeze(0))
+        hvgp.q_mu.copy_(q_mu.unsqueeze(0))
+        hvgp.q_sqrt_raw.copy_(q_sqrt.unsqueeze(0))
+        svgp.features.Z.copy_(Z)
+        svgp.q_mu.copy_(q_mu)
+        svgp.q_sqrt_raw.copy_(q_sqrt)
+    torch.testing.assert_close(hvgp.elbo(X, y, 40), svgp.elbo(X, y, 40), rtol=1e-10, atol=1e-10)
+    for model in (hvgp, svgp):
+        model.fit_posterior(X, y)
+    for a, b in zip(hvgp.predict(X[:7]), svgp.predict(X[:7])):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_features_are_the_sub_kernels_and_shared_inducing_points_share_one_orbit():
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(9, 2, generator=g, dtype=F64)
+    model = rbf_hvgp("negation", m=4, shared_inducing=True)
+    with torch.no_grad():
+        model.features.Z.copy_(torch.randn(4, 2, generator=g, dtype=F64))
+    expected = harmonic_kernels(model.kernel, Negation(), model.features.Z, X)  # [T, m, n]
+    torch.testing.assert_close(model.features.Kuf(X), expected)
+    assert model.q_mu.shape == (2, 4) and model.features.Z.shape == (4, 2)
+    torch.testing.assert_close(model.features.Kuf(X).sum(0), model.kernel(model.features.Z, X))  # sum_t k_t = k
+
+
+def test_ard_kernels_are_refused_for_groups_that_mix_coordinates():
+    with pytest.raises(ValueError, match="ard=False"):
+        HVGP(3, group="pca_negation", kernel="rbf", ard=True)
+    HVGP(3, group="negation", kernel="rbf", ard=True)  # x -> -x keeps every stationary kernel invariant
+    with pytest.raises(ValueError, match="group must be one of"):
+        HVGP(3, group="rotation")
+
+
+def test_pca_negation_learns_and_restores_its_directions(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    A = torch.tensor([[2.0, 0.5, 0.0], [0.5, 1.0, 0.3], [0.0, 0.3, 0.4]], dtype=F64)
+    X = torch.randn(400, 3, generator=g, dtype=F64) @ A
+    y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * torch.randn(400, generator=g, dtype=F64)
+    reg = GPRegressor(method="hvgp", n_inducing=8, n_ways=2, epochs=3, batch_size=100, dtype="float64",
+                      seed=0).fit(X.numpy(), y.numpy())
+    assert reg.model_.q_mu.shape == (4, 8)  # 2 ways: T = 4 blocks
+    basis = reg.model_.pca_basis
+    assert not torch.allclose(basis, torch.eye(3, dtype=basis.dtype))
+    reg.save(tmp_path / "hvgp.gps")
+    again = GPRegressor.load(tmp_path / "hvgp.gps")
+    mean, std = reg.predict(X[:20].numpy(), return_std=True)
+    mean2, std2 = again.predict(X[:20].numpy(), return_std=True)
+    torch.testing.assert_close(torch.as_tensor(mean2), torch.as_tensor(mean))
+    torch.testing.assert_close(torch.as_tensor(std2), torch.as_tensor(std))
+
+
+def test_17_hvgp_beats_svgp_of_one_block_on_symmetric_data():
+    # inputs symmetric under the PCA negations; 2^2 x m inducing points should fit better than SVGP with m
+    g = torch.Generator().manual_seed(17)
+    R = torch.linalg.qr(torch.randn(2, 2, generator=g, dtype=F64))[0]
+    X = (torch.randn(2000, 2, generator=g, dtype=F64) * torch.tensor([2.0, 0.7], dtype=F64)) @ R
+    f = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.3 * X[:, 1]
+    y = f + 0.1 * torch.randn(2000, generator=g, dtype=F64)
+    Xt = (torch.randn(500, 2, generator=g, dtype=F64) * torch.tensor([2.0, 0.7], dtype=F64)) @ R
+    ft = torch.sin(2 * Xt[:, 0]) * torch.cos(Xt[:, 1]) + 0.3 * Xt[:, 1]
+    rmse = {}
+    for name, model in [("hvgp", get_model_class("hvgp")(2, n_inducing=6, n_ways=2, kernel="rbf").double()),
+                        ("svgp", SVGP(2, n_inducing=6, kernel="rbf", ard=False).double())]:
+        fit(model, X, y, epochs=40, batch_size=250, lr=0.03, progress=False)
+        rmse[name] = math.sqrt(((model.predict(Xt)[0] - ft) ** 2).mean().item())
+    assert rmse["hvgp"] < 0.8 * rmse["svgp"]

@@ -350,3 +350,35 @@ def test_odvff_table5_smoke_run_on_houses(tmp_path):
         PROTOCOLS.pop(smoke.name)
     assert {r["method"] for r in runs} == {"odvff", "odvgp", "svgp", "gpytorch-svgp"}
     assert all(r["status"] == "ok" and r["n_train"] == 2000 and np.isfinite(r["nlpd"]) for r in runs), runs
+
+
+def test_hvgp_protocol_layouts():
+    earth = get_protocol("hvgp-earth")
+    specs = {s.name: s for s in earth.methods}
+    assert set(specs) == {"svgp-1k", "svgp-3k", "hvgp-7x1k", "hvgp-13x1k"}
+    assert (specs["hvgp-13x1k"].options["period"], specs["hvgp-13x1k"].options["n_inducing"]) == (24, 1000)
+    assert earth.published[("hvgp-13x1k", "etopo")] == {"rmse": 0.177, "nlpd": -0.314}
+    uci = get_protocol("hvgp-uci")
+    assert [s.name for s in uci.methods] == ["svgp-250", "svgp-500", "hvgp-8x250"]
+    assert set(uci.datasets) == {"kin40k", "protein", "keggdirected", "elevators"} and uci.splits == (0, 1, 2)
+
+
+@pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
+def test_hvgp_earth_smoke_run(tmp_path):
+    """The protocol's methods through the runner on a 1,500-cell subset of the Earth data, one epoch each."""
+    from gpscale.bench.protocols import register_protocol
+    from gpscale.bench.runner import run_protocol
+
+    protocol = get_protocol("hvgp-earth")
+    methods = tuple(dataclasses.replace(s, options={**s.options, "n_inducing": 12, "epochs": 1, "batch_size": 500})
+                    for s in protocol.methods)
+    smoke = dataclasses.replace(protocol, name="test-hvgp-smoke", methods=methods, datasets={"etopo": (0,)},
+                                dataset_options={"etopo": {"test_fraction": 0.2, "max_train": 1500}})
+    register_protocol(smoke)
+    try:
+        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
+        runs = ResultsStore(path).runs(smoke.name)
+    finally:
+        PROTOCOLS.pop(smoke.name)
+    assert {r["method"] for r in runs} == {"svgp-1k", "svgp-3k", "hvgp-7x1k", "hvgp-13x1k"}
+    assert all(r["status"] == "ok" and r["d"] == 3 and np.isfinite(r["nlpd"]) for r in runs), runs

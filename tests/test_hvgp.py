@@ -9,6 +9,7 @@ from gpscale import GPRegressor
 from gpscale.kernels import RBF, inverse_softplus
 from gpscale.kernels.harmonic import Negation, harmonic_kernels
 from gpscale.models import get_model_class
+from gpscale.models._variational import gauss_kl_whitened
 from gpscale.models.hvgp import HVGP
 from gpscale.models.svgp import SVGP
 from gpscale.train import fit
@@ -27,8 +28,9 @@ def rbf_hvgp(group, m, noise=0.1, **options):
     with torch.no_grad():
         model.kernel.raw_lengthscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
         model.kernel.raw_outputscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
-        noise = torch.tensor(noise, dtype=F64) - model.likelihood.noise_floor
-        model.likelihood.raw_noise.fill_(inverse_softplus(noise))
+        if hasattr(model.likelihood, "raw_noise"):
+            noise = torch.tensor(noise, dtype=F64) - model.likelihood.noise_floor
+            model.likelihood.raw_noise.fill_(inverse_softplus(noise))
     return model
 
 
@@ -191,3 +193,37 @@ def test_17_hvgp_beats_svgp_of_one_block_on_symmetric_data():
         fit(model, X, y, epochs=40, batch_size=250, lr=0.03, progress=False)
         rmse[name] = math.sqrt(((model.predict(Xt)[0] - ft) ** 2).mean().item())
     assert rmse["hvgp"] < 0.8 * rmse["svgp"]
+
+
+def test_multiclass_latent_functions_are_independent_svgps_sharing_the_features():
+    g = torch.Generator().manual_seed(21)
+    X = torch.randn(30, 2, generator=g, dtype=F64)
+    for group in ("identity", "negation"):
+        multi = rbf_hvgp(group, m=5, likelihood="robustmax", n_classes=3)
+        single = rbf_hvgp(group, m=5)
+        with torch.no_grad():
+            multi.features.Z.copy_(torch.randn(multi.features.Z.shape, generator=g, dtype=F64))
+            single.features.Z.copy_(multi.features.Z)
+            multi.q_mu.copy_(torch.randn(multi.q_mu.shape, generator=g, dtype=F64))
+            multi.q_sqrt_raw.add_(0.3 * torch.randn(multi.q_sqrt_raw.shape, generator=g, dtype=F64))
+        T = multi.features.blocks
+        assert multi.q_mu.shape == (T, 3, 5) and multi.q_sqrt.shape == (T, 3, 5, 5)
+        mean, var = multi.conditional(X, multi.Lu(), multi.q_mu, multi.q_sqrt)
+        assert mean.shape == var.shape == (30, 3)
+        for c in range(3):
+            m_c, v_c = single.conditional(X, single.Lu(), multi.q_mu[:, c], multi.q_sqrt[:, c])
+            torch.testing.assert_close(mean[:, c], m_c)
+            torch.testing.assert_close(var[:, c], v_c)
+        per_latent = sum(gauss_kl_whitened(multi.q_mu[:, c], multi.q_sqrt[:, c]) for c in range(3))
+        torch.testing.assert_close(multi.prior_kl(), per_latent)
+
+
+def test_hvgp_classifies_three_classes_with_robust_max():
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(600, 2, generator=g, dtype=F64)
+    y = (torch.atan2(X[:, 1], X[:, 0]) + math.pi).mul(3 / (2 * math.pi)).floor().clamp(max=2)  # three sectors
+    model = HVGP(2, n_inducing=10, group="negation", kernel="rbf", likelihood="robustmax", n_classes=3).double()
+    fit(model, X, y, epochs=60, batch_size=200, lr=0.05, progress=False)
+    probs, _ = model.likelihood.predictive(*model.predict(X))
+    assert probs.shape == (600, 3)
+    assert (probs.argmax(1) == y.long()).double().mean() > 0.9

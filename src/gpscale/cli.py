@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--epochs", type=int, default=None, help="epochs of batch 100 (default 300)")
     q.add_argument("--n-frequencies", type=int, default=None, help="ODVFF's F per dimension (default 6)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff("banana_figure", "BananaSettings"))
+    q.set_defaults(run=_figures_from("figures_odvff", "banana_figure", "BananaSettings"))
     q = fig_sub.add_parser("odvff-1d", help="ODVFF paper, Figs. 1 and 2 (1-D GP draw with a gap; |beta| sweep)",
                            description="Defaults: 2000 points, 3 draws, 2000 minibatch iterations per model (tens "
                                        "of minutes on a CPU); see docs/odvff.md.")
@@ -136,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 500 (default 500)")
     q.add_argument("--betas", type=_ints, default=None, help="|beta| values (default 21,61,101,141,181)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff("figures_1d", "OneDSettings"))
+    q.set_defaults(run=_figures_from("figures_odvff", "figures_1d", "OneDSettings"))
     q = fig_sub.add_parser("odvff-nonstationary", help="ODVFF paper, Fig. 3 (Matérn + periodic, App. C)",
                            description="1000 training and 3000 test points; ODVFF with an extra periodic component "
                                        "against the exact GP (minutes on a CPU); see docs/odvff.md.")
@@ -145,7 +146,35 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--n-test", type=int, default=None, help="test points (default 3000)")
     q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 250 (default 500)")
     q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_odvff("nonstationary_figure", "NonstationarySettings"))
+    q.set_defaults(run=_figures_from("figures_odvff", "nonstationary_figure", "NonstationarySettings"))
+    q = fig_sub.add_parser("hvgp-samples", help="HVGP paper, Fig. 1 (sub-process samples of a 2-D RBF, 90° turns)",
+                           description="One draw split into its sub-processes, direct draws of each sub-kernel, and "
+                                       "the checks of the decomposition (seconds on a CPU); see docs/hvgp.md.")
+    _out_option(q)
+    q.add_argument("--grid-size", type=int, default=None, help="grid points per side (default 40)")
+    q.add_argument("--lengthscale", type=float, default=None, help="RBF lengthscale (default 0.5)")
+    q.add_argument("--seed", type=int, default=None, help="default 0")
+    q.set_defaults(run=_figures_from("figures_hvgp", "samples_figure", "SamplesSettings"))
+    q = fig_sub.add_parser("hvgp-toy", help="HVGP paper, Fig. 9 (1-D toy, x -> -x: even and odd sub-GPs)",
+                           description="HVGP 2 x 5 against SVGP 5 and 10 on a generated Snelson-like set (under a "
+                                       "minute on a CPU); see docs/hvgp.md.")
+    _out_option(q)
+    q.add_argument("--n-train", type=int, default=None, help="training points (default 200)")
+    q.add_argument("--epochs", type=int, default=None, help="full-batch Adam steps (default 1000)")
+    q.add_argument("--n-inducing", type=int, default=None, help="inducing points per sub-GP (default 5)")
+    q.add_argument("--seed", type=int, default=None, help="default 0")
+    q.set_defaults(run=_figures_from("figures_hvgp", "toy_figure", "ToySettings"))
+    q = fig_sub.add_parser("hvgp-nystrom", help="HVGP paper, Fig. 6 (Nyström trace error: SVGP vs HVGP 8 x M)",
+                           description="Relative trace error on 3000 points against M, PCA against axis negation "
+                                       "(under a minute on a CPU); kin40k is added where $GPSCALE_DATA holds it. "
+                                       "See docs/hvgp.md.")
+    _out_option(q)
+    q.add_argument("--n", type=int, default=None, help="points (default 3000)")
+    q.add_argument("--inducing", type=_ints, default=None, help="values of M (default 8,16,32,64,128)")
+    q.add_argument("--n-ways", type=int, default=None, help="negation ways J, 2^J blocks (default 3)")
+    q.add_argument("--datasets", type=_names, default=None, help="default synthetic,kin40k")
+    q.add_argument("--seed", type=int, default=None, help="default 0")
+    q.set_defaults(run=_figures_from("figures_hvgp", "nystrom_figure", "NystromSettings"))
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -261,19 +290,18 @@ def _figures_grief(args) -> None:
         print(f"wrote {args.out / (FILE_STEM + suffix)}")
 
 
-def _figures_odvff(draw: str, settings: str):
-    """The run function of an ``odvff-*`` figure: the options given on the command line (lists as tuples) become
-    fields of ``figures_odvff.<settings>``, whose defaults stand for the others, and ``figures_odvff.<draw>`` writes
-    the files."""
+def _figures_from(module: str, draw: str, settings: str):
+    """The run function of a figure drawn by ``gpscale.bench.<module>``: the options given on the command line
+    (lists as tuples) become fields of ``<module>.<settings>``, whose defaults stand for the others, and
+    ``<module>.<draw>`` writes the files."""
 
     def run(args) -> None:
-        from .bench import figures_odvff
-
-        cls = getattr(figures_odvff, settings)
+        figures = importlib.import_module(f".bench.{module}", __package__)
+        cls = getattr(figures, settings)
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                  if getattr(args, f.name, None) is not None}
         given = {name: tuple(v) if isinstance(v, list) else v for name, v in given.items()}
-        for path in getattr(figures_odvff, draw)(args.out, cls(**given)):
+        for path in getattr(figures, draw)(args.out, cls(**given)):
             print(f"wrote {path}")
 
     return run

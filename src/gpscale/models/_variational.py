@@ -114,29 +114,36 @@ class VariationalGP(GPModel):
     """A GP with a whitened Gaussian q over inducing features, trained on the minibatch ELBO.
 
     Subclasses set ``self.features`` (an :class:`InducingFeatures`) in ``__init__`` and call
-    :meth:`init_variational` once its size is known. Features may come in T independent blocks (the sub-GPs of
-    HVGP): then Kuu is [T, m, m], Kuf [T, m, c], and q is block diagonal, q_mu [T, m] and q_sqrt [T, m, m], so
-    f = sum_t f_t with each block whitened by its own Cholesky factor.
+    :meth:`init_variational` once its size is known. Two optional leading axes on q:
+
+    - blocks: features in T independent blocks (the sub-GPs of HVGP) have Kuu [T, m, m] and Kuf [T, m, c]; q is
+      block diagonal, q_mu [T, m] and q_sqrt [T, m, m], and f = sum_t f_t, each block whitened by its own
+      Cholesky factor;
+    - latent functions: a likelihood with ``n_latent`` = C > 1 (multiclass) has C independent GPs that share the
+      features and the kernel, q_mu [(T,) C, m] and q_sqrt [(T,) C, m, m]; the moments are then [c, C].
 
     Args:
         jitter: added to the diagonal of Kuu (absolute).
     """
 
-    likelihoods = ("gaussian", "bernoulli")
+    likelihoods = ("gaussian", "bernoulli", "softmax", "robustmax")
 
     def __init__(self, n_features: int, *, jitter: float = 1e-6, **kwargs):
         super().__init__(n_features, **kwargs)
         self.jitter = float(jitter)
+        self.n_latent = getattr(self.likelihood, "n_latent", 1)
+        self.blocks: int | None = None
 
     def init_variational(self, m: int, blocks: int | None = None) -> None:
-        """q(v) = N(0, I): q_mu [m] and q_sqrt [m, m], or [blocks, m] and [blocks, m, m]."""
-        batch = () if blocks is None else (int(blocks),)
+        """q(v) = N(0, I): q_mu [(blocks,) (C,) m] and q_sqrt [(blocks,) (C,) m, m]."""
+        self.blocks = blocks
+        batch = (() if blocks is None else (int(blocks),)) + (() if self.n_latent == 1 else (self.n_latent,))
         self.q_mu = nn.Parameter(torch.zeros(*batch, m))
         self.q_sqrt_raw = nn.Parameter(torch.eye(m).expand(*batch, m, m).clone())  # only its lower triangle is used
 
     @property
     def q_sqrt(self) -> Tensor:
-        """S [m, m] (or [T, m, m]), lower triangular."""
+        """S [m, m] (with the leading axes of q_mu), lower triangular."""
         return torch.tril(self.q_sqrt_raw)
 
     def Lu(self) -> Tensor:
@@ -150,14 +157,19 @@ class VariationalGP(GPModel):
         return gauss_kl_whitened(self.q_mu.to(CORE), q_sqrt.to(CORE))
 
     def conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and variance [c] of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T) (or
-        their blocks, summed)."""
-        A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # L^{-1} Kuf, [m, c]
-        mean = torch.einsum("...mc,...m->c", A, q_mu.to(X.dtype))
-        SA = q_sqrt.to(X.dtype).mT @ A  # S^T L^{-1} Kuf, [m, c]
+        """Mean and variance [c] (or [c, C]) of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)
+        (blocks summed)."""
+        A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # L^{-1} Kuf, [(T,) m, c]
+        if self.n_latent > 1:
+            A = A.unsqueeze(-3)  # shared by the C latent functions: [(T,) 1, m, c]
+        mean = (A * q_mu.to(X.dtype).unsqueeze(-1)).sum(-2)  # [(T,) (C,) c]
+        SA = q_sqrt.to(X.dtype).mT @ A  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
+        variance, nystrom = (SA * SA).sum(-2), (A * A).sum(-2)
+        if self.blocks is not None:
+            mean, variance, nystrom = mean.sum(0), variance.sum(0), nystrom.sum(0)
         # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
-        residual = (self.features.Kff_diag(X) - _sum_blocks(A * A)).clamp_min(0.0)
-        return mean, residual + _sum_blocks(SA * SA)
+        variance = (self.features.Kff_diag(X) - nystrom).clamp_min(0.0) + variance
+        return (mean, variance) if self.n_latent == 1 else (mean.T, variance.T)
 
     def projected_conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """The moments of :meth:`conditional`, with the m x m algebra done once per batch:
@@ -182,7 +194,7 @@ class VariationalGP(GPModel):
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points."""
         q_sqrt = self.q_sqrt
-        projected = X.dtype == CORE and 2 * self.q_mu.shape[-1] <= X.shape[0]
+        projected = X.dtype == CORE and self.n_latent == 1 and 2 * self.q_mu.shape[-1] <= X.shape[0]
         conditional = self.projected_conditional if projected else self.conditional
         mean, var = conditional(X, self.Lu(), self.q_mu, q_sqrt)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()

@@ -56,7 +56,9 @@ class GPModel(nn.Module):
         noise: initial noise variance of standardised y (default ln 2); fixed if ``learn_noise=False``.
         noise_floor: lower bound of a learned noise variance.
         likelihood: ``'gaussian'``, or ``'bernoulli'`` (probit; labels -1 / +1) for the methods whose objective
-            takes any likelihood through its expected log-likelihood (``likelihoods``).
+            takes any likelihood through its expected log-likelihood (``likelihoods``); ``'robustmax'`` or
+            ``'softmax'`` (labels 0 .. n_classes - 1, one latent GP per class) for the SVGP-engine methods.
+        n_classes: the number of classes of a multiclass likelihood.
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds), and
@@ -85,6 +87,7 @@ class GPModel(nn.Module):
         learn_noise: bool = True,
         noise_floor: float = 1e-6,
         likelihood: str = "gaussian",
+        n_classes: int | None = None,
         chunk_size: int = 8192,
     ):
         super().__init__()
@@ -98,8 +101,10 @@ class GPModel(nn.Module):
         if likelihood in LIKELIHOODS and likelihood not in self.likelihoods:
             raise ValueError(f"Method {self.key or type(self).__name__!r} supports the likelihoods "
                              f"{self.likelihoods}, not {likelihood!r}; for a Bernoulli likelihood use a variational "
-                             "method (svgp, odvgp, odvff, vff-svgp).")
-        self.likelihood = make_likelihood(likelihood, noise=noise, learn_noise=learn_noise, noise_floor=noise_floor)
+                             "method (svgp, hvgp, odvgp, odvff, vff-svgp), for a multiclass one svgp or hvgp.")
+        classes = {} if n_classes is None else {"n_classes": n_classes}
+        self.likelihood = make_likelihood(likelihood, noise=noise, learn_noise=learn_noise, noise_floor=noise_floor,
+                                          **classes)
         self.cache: dict[str, Tensor] = {}
 
     # --- the contract -----------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ class HVGP(VariationalGP):
                              "lengthscale to stay invariant: pass ard=False (the default for hvgp).")
         self.n_inducing = int(n_inducing)
         self.group, self.n_ways, self.period = group, int(n_ways), int(period)
-        # the PCA directions are data: a buffer, so that a saved model restores its group (rows: directions)
+        # the PCA directions are data: a buffer, so that a saved model restores its group (columns: directions)
         self.register_buffer("pca_basis", torch.eye(self.n_features))
         self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
                                          shared=shared_inducing)

@@ -460,3 +460,23 @@ def test_real_pol_split_0():
         pytest.skip("needs $GPSCALE_DATA with uci/pol.npz")
     ds = load_dataset("pol", split=0)
     assert (ds.n_train, ds.n_test, ds.d) == (13500, 1500, 26)
+
+
+@pytest.mark.skipif(not os.environ.get("GPSCALE_DATA"), reason="GPSCALE_DATA not set")
+@pytest.mark.parametrize("transform", ["roll", "flip"])
+def test_image_transforms_move_each_image_by_a_group_element(transform):
+    plain = load_dataset("mnist5k", split=0, standardize_y=False)
+    moved = load_dataset("mnist5k", split=0, standardize_y=False, image_transform=transform)
+    np.testing.assert_array_equal(plain.y_train, moved.y_train)  # same split, labels untouched
+    a, b = plain.X_train.reshape(-1, 28, 28), moved.X_train.reshape(-1, 28, 28)
+    np.testing.assert_allclose(np.sort(a.reshape(len(a), -1)), np.sort(b.reshape(len(b), -1)))  # same pixels
+    changed = (a != b).any(axis=(1, 2)).mean()
+    assert changed > 0.6  # most images moved (a roll by (0, 0) or no flip leaves an image as it was)
+    i = int(np.argmax((a != b).any(axis=(1, 2))))
+    candidates = ([np.roll(a[i], (r, c), axis=(0, 1)) for r in range(28) for c in range(28)] if transform == "roll"
+                  else [a[i][::u, ::v] for u in (1, -1) for v in (1, -1)])
+    assert any(np.array_equal(b[i], cand) for cand in candidates)
+    with pytest.raises(ValueError, match="image sets only"):
+        load_dataset("pol", image_transform="roll")
+    with pytest.raises(ValueError, match="image sets only"):
+        load_dataset("friedman1", n=100, image_transform="flip")

@@ -58,6 +58,7 @@ UCI_SIZES = {
 UCI_N_SPLITS = 10
 MOLECULE_FEATURES = ("cartesian", "inverse_distances")
 X_SCALINGS = ("standard", "minmax", "none")
+IMAGE_TRANSFORMS = ("roll", "flip")
 KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
 GENERATED = {"friedman1": 10, "friedman1_d11": 11, "gp_sample": 2,
              "matern32_d1": 1, "matern32_d5": 5, "matern32_d10": 10}  # name -> d
@@ -225,7 +226,8 @@ _GENERATORS = {"friedman1": make_friedman1, "friedman1_d11": partial(make_friedm
 def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_fraction: float = 0.1,
                  max_train: int | None = None, n: int | None = None,
                  molecule_features: str = "cartesian", random_split: bool = False,
-                 x_scaling: str | None = None, standardize_y: bool = True) -> Dataset:
+                 x_scaling: str | None = None, standardize_y: bool = True,
+                 image_transform: str | None = None) -> Dataset:
     """Load one train/test split of a data set, scaled with training statistics.
 
     Args:
@@ -246,6 +248,9 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
             affinely so that the training inputs span [-1, 1]) or ``'none'``; the default for geo and image sets,
             whose inputs are on a natural scale (unit vectors, pixel intensities), is ``'none'``. Targets are
             z-scored unless ``standardize_y=False``.
+        image_transform: for image sets, move every image (train and test) by a random group element, seeded:
+            ``'roll'`` rolls it cyclically by offsets drawn uniformly from 0..H-1 and 0..W-1 (the HVGP paper's
+            Translate-MNIST), ``'flip'`` flips it up-down and left-right by independent fair coins (Flip-MNIST).
         standardize_y: z-score the targets (default). ``False`` keeps them as they are (``y_mean`` 0, ``y_std``
             1), for protocols whose published numbers are on raw targets of a known scale (the ODVFF paper's
             synthetic draws, where one draw's sample std is far from the kernel's: 0.60 for the 1-D draw of split
@@ -265,9 +270,13 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
                          "use max_train= to subsample.")
     if molecule_features not in MOLECULE_FEATURES:
         raise ValueError(f"molecule_features must be one of {MOLECULE_FEATURES}, got {molecule_features!r}.")
+    if image_transform is not None and image_transform not in IMAGE_TRANSFORMS:
+        raise ValueError(f"image_transform must be one of {IMAGE_TRANSFORMS} or None, got {image_transform!r}.")
     if x_scaling is not None and x_scaling not in X_SCALINGS:
         raise ValueError(f"x_scaling must be one of {X_SCALINGS} or None, got {x_scaling!r}.")
     rng = np.random.default_rng([seed, split])
+    if name in _GENERATORS and image_transform is not None:
+        raise ValueError(f"image_transform applies to image sets only, not to the generated {name!r}.")
     if name in _GENERATORS:
         X, y = _GENERATORS[name](DEFAULT_N_GENERATED if n is None else n, rng)
         kind, source = "generated", "generated"
@@ -277,8 +286,13 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
         name, source = _canonical_name(kind, path), str(path)
         if molecule_features != "cartesian" and kind != "md":
             raise ValueError(f"molecule_features applies to rMD17 sets only, not to {name!r} ({kind}).")
+        if image_transform is not None and kind != "images":
+            raise ValueError(f"image_transform applies to image sets only, not to {name!r} ({kind}).")
         with np.load(path) as z:
             X, y = _features(kind, z, molecule_features)
+            if image_transform is not None:
+                moves = np.random.default_rng([seed, split, 2])
+                X = _transform_images(X, z["images"].shape[1:], image_transform, moves)
             if not (np.isfinite(X).all() and np.isfinite(y).all()):
                 raise ValueError(f"{path} contains non-finite values; re-create or re-download the file.")
             if kind in ("uci", "uci_pbp", "md") and not random_split:
@@ -366,6 +380,21 @@ def _features(kind: str, z, molecule_features: str = "cartesian") -> tuple[np.nd
         images = z["images"]
         return images.reshape(images.shape[0], -1) / 255.0, z["labels"].astype(np.float64)
     return z["X"].astype(np.float64), z["y"].astype(np.float64)
+
+
+def _transform_images(X: np.ndarray, shape: tuple[int, int], transform: str, rng: np.random.Generator) -> np.ndarray:
+    """Each flattened image of X [n, H W] rolled by random offsets, or flipped by random coins (see load_dataset)."""
+    images = X.reshape(-1, *shape).copy()
+    n, H, W = images.shape
+    if transform == "roll":
+        rows, cols = rng.integers(0, H, n), rng.integers(0, W, n)
+        for i in range(n):
+            images[i] = np.roll(images[i], (rows[i], cols[i]), axis=(0, 1))
+    else:
+        up_down, left_right = rng.random(n) < 0.5, rng.random(n) < 0.5
+        images[up_down] = images[up_down, ::-1]
+        images[left_right] = images[left_right, :, ::-1]
+    return images.reshape(n, H * W)
 
 
 def _fixed_split(kind: str, z, split: int) -> tuple[np.ndarray, np.ndarray]:

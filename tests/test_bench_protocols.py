@@ -57,8 +57,9 @@ def test_model_options_are_accepted(name):
             options = {k: v for k, v in {**spec.options, **overrides}.items() if k not in TRAINING_OPTIONS}
             if "n_inducing" in options:
                 options["n_inducing"] = min(options["n_inducing"], 8)  # construction only; keep it small
-            model = get_model_class(spec.key)(3, **options)
-            assert model.n_features == 3
+            d = 784 if options.get("group") in ("image_roll", "image_flip", "pixel_negation") else 3  # 28 x 28 images
+            model = get_model_class(spec.key)(d, **options)
+            assert model.n_features == d
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -382,3 +383,27 @@ def test_hvgp_earth_smoke_run(tmp_path):
         PROTOCOLS.pop(smoke.name)
     assert {r["method"] for r in runs} == {"svgp-1k", "svgp-3k", "hvgp-7x1k", "hvgp-13x1k"}
     assert all(r["status"] == "ok" and r["d"] == 3 and np.isfinite(r["nlpd"]) for r in runs), runs
+
+
+@pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
+@pytest.mark.parametrize("name", ["hvgp-translate-mnist", "hvgp-flip-mnist"])
+def test_hvgp_mnist_smoke_run_scores_classification(name, tmp_path):
+    """Every method through the runner on 300 moved MNIST images, one epoch each: accuracy and label NLPD."""
+    from gpscale.bench.protocols import register_protocol
+    from gpscale.bench.runner import run_protocol
+
+    protocol = get_protocol(name)
+    methods = tuple(dataclasses.replace(s, options={**s.options, "n_inducing": 4, "epochs": 1, "batch_size": 100})
+                    for s in protocol.methods)
+    smoke = dataclasses.replace(protocol, name=f"test-{name}", methods=methods, dataset_options={"mnist5k": {
+        **protocol.dataset_options["mnist5k"], "max_train": 300}})
+    register_protocol(smoke)
+    try:
+        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
+        runs = ResultsStore(path).runs(smoke.name)
+    finally:
+        PROTOCOLS.pop(smoke.name)
+    assert {r["method"] for r in runs} == {s.name for s in protocol.methods}
+    for r in runs:
+        assert r["status"] == "ok", r
+        assert 0 <= r["accuracy"] <= 1 and np.isfinite(r["nlpd"]) and r.get("rmse") is None and r["n_train"] == 300

@@ -17,7 +17,8 @@ from .store import ResultsStore
 
 __all__ = ["METRICS", "summarise", "time_ratio", "markdown_table", "write_report", "print_table"]
 
-METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb", "rmse_original")
+METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb", "rmse_original",
+           "accuracy")
 PEER_PREFIX = "gpytorch-"
 DASH = "–"
 ENVIRONMENT = ("machine", "cpu", "cores", "device", "dtype", "git_commit")
@@ -131,18 +132,22 @@ def _bold_if(text: str, condition: bool) -> str:
 TABLE_HEADER = ("method", "runs", "RMSE", "NLPD", "95% cov.", "train s", "s/epoch", "time vs GPyTorch", "peak MB",
                 "paper RMSE", "paper NLPD", "paper s/epoch")
 ORIGINAL_UNITS_HEADER = ("RMSE (y units)", "paper RMSE (y units)")
+CLASSIFICATION_HEADER = ("accuracy",)
 
 
 def markdown_table(summary_rows: list[dict], dataset: str) -> str:
     """A markdown table of the rows of one dataset (of one protocol): ``mean ± std`` of each metric, the lowest
     mean RMSE and NLPD in bold, the s/epoch ratio to the GPyTorch peer, and the paper's RMSE, NLPD and s/epoch
     (``mean ± std`` where the paper gives a std). When the paper's RMSE of some row is in the units of y
-    (published ``rmse_original``), two columns follow: our ``rmse_original`` (lowest in bold) and the paper's."""
+    (published ``rmse_original``), two columns follow: our ``rmse_original`` (lowest in bold) and the paper's. For
+    classification runs a last column holds the test accuracy (the NLPD is then that of the labels)."""
     rows = [r for r in summary_rows if r["dataset"] == dataset]
     original = any("rmse_original" in r["published"] for r in rows)
+    classification = any(r["accuracy_mean"] is not None for r in rows)
     scored = ("rmse", "nlpd", "rmse_original") if original else ("rmse", "nlpd")
     best = {metric: _best(rows, metric) for metric in scored}
-    header = TABLE_HEADER + (ORIGINAL_UNITS_HEADER if original else ())
+    header = TABLE_HEADER + (ORIGINAL_UNITS_HEADER if original else ()) + (CLASSIFICATION_HEADER if classification
+                                                                          else ())
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         accuracy = {m: _bold_if(_mean_pm_std(row, m), row[f"{m}_mean"] is not None and row[f"{m}_mean"] == best[m])
@@ -154,6 +159,8 @@ def markdown_table(summary_rows: list[dict], dataset: str) -> str:
                  *(_published(row["published"], m) for m in ("rmse", "nlpd", "seconds_per_epoch"))]
         if original:
             cells += [accuracy["rmse_original"], _published(row["published"], "rmse_original")]
+        if classification:
+            cells.append(_mean_pm_std(row, "accuracy"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ import torch
 from .. import __version__, metrics
 from ..data import data_dir as resolve_data_dir
 from ..data import load_dataset
+from ..likelihoods import MULTICLASS
 from ..models import get_model_class
 from ..models.inducing import kmeans_centers
 from ..train import fit
@@ -106,14 +107,15 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                                                                       progress, {} if trained is None else trained)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
-            mean, var = (t.double().cpu().numpy() for t in predict(Xte))
+            mean, var = (t.double().cpu().numpy() for t in predict(Xte))  # classes: probabilities [n*, C]
             predict_seconds = time.perf_counter() - tic
         peak_mb = peak.mb
         if reused is not None:
             record["reused_training_of"] = reused["label"]
             train_seconds += reused["train_seconds"]
             peak_mb = max(peak_mb or 0.0, reused["peak_memory_mb"] or 0.0) or None
-        record.update(_scores(ds, mean, var), status="ok", train_seconds=train_seconds,
+        scores = _class_scores(ds, mean) if spec.options.get("likelihood") in MULTICLASS else _scores(ds, mean, var)
+        record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
         if trained is not None and reused is None and not spec.key.startswith("gpytorch-"):
@@ -198,6 +200,14 @@ def _scores(ds, mean: np.ndarray, var: np.ndarray) -> dict:
     }
 
 
+def _class_scores(ds, probabilities: np.ndarray) -> dict:
+    """Accuracy and the NLPD of the test labels (integers 0..C-1 in ``ds.y_test``) under predictive class
+    probabilities [n*, C]."""
+    labels = ds.y_test.astype(int)
+    p_true = np.clip(probabilities[np.arange(len(labels)), labels], np.finfo(float).tiny, None)
+    return {"accuracy": float((probabilities.argmax(1) == labels).mean()), "nlpd": float(-np.log(p_true).mean())}
+
+
 def machine_info() -> dict:
     cpu = platform.processor() or ""
     try:
@@ -255,6 +265,8 @@ def _line(record: dict) -> str:
     head = f"{record['method']:<16} {record['dataset']:<12} split {record['split']} seed {record['seed']}"
     if record["status"] != "ok":
         return f"{head}  FAILED  {record['error']}"
-    return (f"{head}  rmse {record['rmse']:.4f}  nlpd {record['nlpd']:.3f}  cov {record['coverage']:.3f}  "
+    scores = (f"accuracy {record['accuracy']:.4f}  nlpd {record['nlpd']:.3f}" if "accuracy" in record else
+              f"rmse {record['rmse']:.4f}  nlpd {record['nlpd']:.3f}  cov {record['coverage']:.3f}")
+    return (f"{head}  {scores}  "
             f"{record['seconds_per_epoch']:.3f} s/epoch  train {record['train_seconds']:.1f} s  "
             f"peak {record['peak_memory_mb'] or 0:.0f} MB")

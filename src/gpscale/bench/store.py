@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -25,6 +25,7 @@ COLUMNS: dict[str, str] = {
     "rmse": "REAL", "nlpd": "REAL", "coverage": "REAL",  # on standardised y; coverage of the central 95%
     "calibration": "TEXT",  # JSON {"levels": [...], "empirical": [...]}
     "rmse_original": "REAL",  # RMSE in the units of y
+    "accuracy": "REAL",  # classification: the share of test labels predicted (rmse and coverage are then empty)
     "train_seconds": "REAL", "seconds_per_epoch": "REAL", "predict_seconds": "REAL", "epochs": "INTEGER",
     "peak_memory_mb": "REAL",
     "reused_training_of": "TEXT",  # the method whose trained model this run refitted (posterior options only)
@@ -34,7 +35,7 @@ COLUMNS: dict[str, str] = {
     "date": "TEXT", "git_commit": "TEXT",
 }
 # schema version -> the columns added by the next version
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",)}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",)}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 

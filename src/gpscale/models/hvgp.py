@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import Kernel
-from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, LongitudeRotation, Negation, check_invariant,
-                                pca_directions, subspace_negations)
+from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
+                                Product, check_invariant, pca_directions, subspace_negations)
 from ._variational import InducingFeatures, VariationalGP
 from .base import register
 from .inducing import kmeans_centers
@@ -80,20 +80,35 @@ def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:
     model._rebuild_action()
 
 
-GROUPS = ("negation", "pca_negation", "cyclic_shift", "longitude", "identity")
-_ISOTROPIC_GROUPS = ("pca_negation", "cyclic_shift", "longitude")  # an ARD kernel is not invariant to these
+GROUPS = ("negation", "pca_negation", "pixel_negation", "cyclic_shift", "longitude", "image_roll", "image_flip",
+          "identity")
+# an ARD kernel is not invariant to these: they mix coordinates
+_ISOTROPIC_GROUPS = ("pca_negation", "cyclic_shift", "longitude", "image_roll", "image_flip")
 
 
-def make_group(name: str, n_features: int, *, basis: Tensor, n_ways: int, period: int) -> GroupAction:
+def make_group(name: str, n_features: int, *, basis: Tensor, n_ways: int, period: int,
+               image_shape: tuple[int, int], step: int) -> GroupAction:
     """The action called ``name`` (:data:`GROUPS`) on R^d; ``basis`` [d, d] holds the PCA directions (columns, by
     descending variance) for ``'pca_negation'``."""
     if name == "pca_negation":
         return subspace_negations(basis, n_ways)
+    if name == "pixel_negation":  # way j negates the coordinates j, J + j, 2J + j, ... (interleaved pixel sets)
+        if not 1 <= n_ways <= n_features:
+            raise ValueError(f"n_ways={n_ways} must be between 1 and the {n_features} input columns.")
+        return Product([Negation(dims=range(j, n_features, n_ways)) for j in range(n_ways)])
     if name == "longitude":
         if n_features != 3:
             raise ValueError(f"group='longitude' rotates 3-D unit vectors (the sphere embedding of (lon, lat)); the "
                              f"inputs have {n_features} columns.")
         return LongitudeRotation(period)
+    if name in ("image_roll", "image_flip"):
+        height, width = image_shape
+        if height * width != n_features:
+            raise ValueError(f"group={name!r} acts on flattened {height} x {width} images, but the inputs have "
+                             f"{n_features} columns: pass image_shape=(height, width).")
+        if name == "image_roll":  # translations by step pixels along rows and columns, on the torus
+            return Product([ImageRoll(height, width, step, axis) for axis in (0, 1)])
+        return Product([ImageFlip(height, width, axis) for axis in (0, 1)])
     return {"negation": Negation, "identity": Identity,
             "cyclic_shift": lambda: CyclicShift(n_features=n_features)}[name]()
 
@@ -110,8 +125,13 @@ class HVGP(VariationalGP):
             (roll the coordinates, P = d), ``'longitude'`` (rotate 3-D unit vectors about the z axis by
             360 / ``period`` degrees: the paper's Earth data), ``'identity'`` (T = 1: SVGP); or a
             :class:`~gpscale.kernels.harmonic.GroupAction`.
-        n_ways: J for ``'pca_negation'`` (default 3).
+            ``'pixel_negation'`` (``n_ways`` negations of interleaved coordinate sets: the paper's NEG on images),
+            ``'image_roll'`` (cyclic translations of flattened images by ``step`` pixels along rows and columns: the
+            paper's TRAN, T = 16 for 28 x 28 and step 4), ``'image_flip'`` (up-down and left-right flips, T = 4).
+        n_ways: J for ``'pca_negation'`` and ``'pixel_negation'`` (default 3).
         period: P for ``'longitude'`` (default 12).
+        image_shape, step: the images' (height, width) and the roll's step for the image groups (default (28, 28)
+            and 4).
         shared_inducing: one Z for every block (the paper's TRAN-S), else one per block.
         kernel: default ``'matern32'`` with ``ard=False``: a shared lengthscale keeps the kernel invariant under
             rotations and PCA negations; an ARD kernel is refused where it is not invariant.
@@ -121,7 +141,8 @@ class HVGP(VariationalGP):
     """
 
     def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "pca_negation",
-                 n_ways: int = 3, period: int = 12, shared_inducing: bool = False, **kwargs):
+                 n_ways: int = 3, period: int = 12, image_shape: tuple[int, int] = (28, 28), step: int = 4,
+                 shared_inducing: bool = False, **kwargs):
         kwargs.setdefault("kernel", "matern32")
         kwargs.setdefault("ard", False)
         super().__init__(n_features, **kwargs)
@@ -132,6 +153,7 @@ class HVGP(VariationalGP):
                              "lengthscale to stay invariant: pass ard=False (the default for hvgp).")
         self.n_inducing = int(n_inducing)
         self.group, self.n_ways, self.period = group, int(n_ways), int(period)
+        self.image_shape, self.step = tuple(int(n) for n in image_shape), int(step)
         # the PCA directions are data: a buffer, so that a saved model restores its group (columns: directions)
         self.register_buffer("pca_basis", torch.eye(self.n_features))
         self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
@@ -142,7 +164,8 @@ class HVGP(VariationalGP):
     def _action(self) -> GroupAction:
         if isinstance(self.group, GroupAction):
             return self.group
-        return make_group(self.group, self.n_features, basis=self.pca_basis, n_ways=self.n_ways, period=self.period)
+        return make_group(self.group, self.n_features, basis=self.pca_basis, n_ways=self.n_ways, period=self.period,
+                          image_shape=self.image_shape, step=self.step)
 
     def _rebuild_action(self) -> None:
         self.features.action = self._action()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, MethodSpec, Protocol, register_protocol
-from gpscale.bench.report import markdown_table, print_table, summarise, write_report
+from gpscale.bench.report import markdown_table, mean_ranks, print_table, summarise, write_report
 from gpscale.bench.store import ResultsStore
 
 PROTOCOL = "test-report"
@@ -252,3 +252,15 @@ def test_papers_rmse_in_units_of_y_gets_our_rmse_original_beside_it(tmp_path):
 def test_tables_without_published_original_units_have_no_extra_columns(report):
     header = re.search(r"^### pol\n\n(\|.*)\n", report.read_text(encoding="utf-8"), flags=re.M).group(1)
     assert "RMSE (y units)" not in header and header.count("|") == 13
+
+
+def test_mean_ranks_use_the_sets_where_every_method_ran_and_share_ties():
+    def row(dataset, method, nlpd):
+        return {"dataset": dataset, "method": method, "nlpd_mean": nlpd}
+
+    rows = [row("a", "x", 0.1), row("a", "y", 0.2), row("a", "z", 0.3),
+            row("b", "x", 0.5), row("b", "y", 0.4), row("b", "z", 0.5),  # x and z tie for 2nd and 3rd
+            row("c", "x", 9.0), row("c", "y", 0.0)]  # z did not run on c: c is left out
+    ranks, datasets = mean_ranks(rows)
+    assert datasets == ["a", "b"]
+    assert ranks == {"x": (1 + 2.5) / 2, "y": (2 + 1) / 2, "z": (3 + 2.5) / 2}

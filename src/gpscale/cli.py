@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_bench)
 
     p = sub.add_parser("report", help="write a markdown report with plots from a results file")
-    p.add_argument("results", type=Path, help="results.sqlite written by `gpscale bench`")
+    p.add_argument("results", type=Path, nargs="+", help="results.sqlite file(s) written by `gpscale bench`")
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     p.add_argument("--protocol", default=None, help="only this protocol's runs")
     p.set_defaults(run=_report)
@@ -259,8 +259,9 @@ def _bench(args) -> None:
 def _report(args) -> None:
     from .bench.report import write_report
 
-    if not args.results.exists():
-        raise ValueError(f"{args.results}: no such results file.")
+    for path in args.results:
+        if not path.exists():
+            raise ValueError(f"{path}: no such results file.")
     print(f"report: {write_report(args.results, args.output, protocol=args.protocol)}")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from .protocols import PROTOCOLS
 from .store import ResultsStore
 
-__all__ = ["METRICS", "summarise", "time_ratio", "markdown_table", "write_report", "print_table"]
+__all__ = ["METRICS", "summarise", "time_ratio", "mean_ranks", "markdown_table", "write_report", "print_table"]
 
 METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb", "rmse_original",
            "accuracy")
@@ -198,9 +198,38 @@ def _protocol_section(name: str, runs: list[dict], summary: list[dict]) -> list[
     datasets = _unique(r["dataset"] for r in rows)
     if not datasets:
         lines += ["No successful runs.", ""]
+    lines += _rank_lines(rows)
     for dataset in datasets:
         lines += [f"### {dataset}", "", markdown_table(rows, dataset), ""]
     return lines
+
+
+def mean_ranks(summary_rows: list[dict], metric: str = "nlpd") -> tuple[dict[str, float], list[str]]:
+    """The methods' mean rank by the mean of ``metric`` (1 = lowest) over the datasets on which every method of
+    the rows has a value, as papers rank methods across a table; returns (method -> mean rank, those datasets).
+    Ties share the mean of their ranks."""
+    methods = _unique(r["method"] for r in summary_rows)
+    values: dict[str, dict[str, float]] = {}
+    for r in summary_rows:
+        if r[f"{metric}_mean"] is not None:
+            values.setdefault(r["dataset"], {})[r["method"]] = r[f"{metric}_mean"]
+    complete = [d for d, by_method in values.items() if set(by_method) == set(methods)]
+    ranks = {m: [] for m in methods}
+    for d in complete:
+        ordered = sorted(values[d].values())
+        for m, v in values[d].items():
+            first = ordered.index(v) + 1
+            ranks[m].append(first + (ordered.count(v) - 1) / 2)
+    return ({m: float(np.mean(r)) for m, r in ranks.items()} if complete else {}), complete
+
+
+def _rank_lines(rows: list[dict]) -> list[str]:
+    ranks, datasets = mean_ranks(rows)
+    if len(datasets) < 2 or len(ranks) < 2:
+        return []
+    cells = ", ".join(f"{m} {r:.2f}" for m, r in sorted(ranks.items(), key=lambda item: item[1]))
+    return [f"Mean rank by NLPD over the {len(datasets)} sets where every method ran ({', '.join(datasets)}): "
+            f"{cells}.", ""]
 
 
 def _failures(runs: list[dict]) -> list[str]:
@@ -324,15 +353,20 @@ def _write_plots(summary: list[dict], out_dir: Path) -> None:
 
 # --- entry points ----------------------------------------------------------------------------------------------
 
-def write_report(store_path: str | Path, out_dir: str | Path, protocol: str | None = None) -> Path:
+def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: str | None = None) -> Path:
     """Write ``report.md`` and the plots ``accuracy.png``, ``pareto.png`` and ``calibration.png`` into
-    ``out_dir`` from the runs in the results file (optionally of one protocol); returns the report's path."""
-    store_path, out_dir = Path(store_path), Path(out_dir)
-    if not store_path.is_file():
-        raise ValueError(f"No results file at {store_path}.")
-    runs = ResultsStore(store_path).runs(protocol)
+    ``out_dir`` from the runs in one or several results files (e.g. parts of a protocol run on different
+    machines), optionally of one protocol; returns the report's path."""
+    paths = [Path(p) for p in (store_paths if isinstance(store_paths, (list, tuple)) else [store_paths])]
+    out_dir = Path(out_dir)
+    runs = []
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"No results file at {path}.")
+        runs += ResultsStore(path).runs(protocol)
     if not runs:
-        raise ValueError(f"{store_path} has no runs" + (f" of protocol {protocol!r}." if protocol else "."))
+        raise ValueError(f"{', '.join(map(str, paths))} has no runs" + (f" of protocol {protocol!r}." if protocol
+                                                                          else "."))
     summary = summarise(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_plots(summary, out_dir)

@@ -24,7 +24,8 @@ def target(X):
 
 def rbf_hvgp(group, m, noise=0.1, **options):
     """RBF(1, 1) and the noise set in float64: the constructor rounds them through float32 (about 1e-8)."""
-    model = HVGP(2, n_inducing=m, group=group, kernel=RBF(2, ard=False), jitter=1e-10, **options).double()
+    options.setdefault("jitter", 1e-10)
+    model = HVGP(2, n_inducing=m, group=group, kernel=RBF(2, ard=False), **options).double()
     with torch.no_grad():
         model.kernel.raw_lengthscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
         model.kernel.raw_outputscale.fill_(inverse_softplus(torch.tensor(1.0, dtype=F64)))
@@ -227,3 +228,30 @@ def test_hvgp_classifies_three_classes_with_robust_max():
     probs, _ = model.likelihood.predictive(*model.predict(X))
     assert probs.shape == (600, 3)
     assert (probs.argmax(1) == y.long()).double().mean() > 0.9
+
+
+def test_14_minibatch_estimates_average_to_the_full_elbo():
+    g = torch.Generator().manual_seed(14)
+    X = torch.randn(40, 2, generator=g, dtype=F64)
+    y = target(X)
+    model = rbf_hvgp("negation", m=4)
+    with torch.no_grad():
+        model.features.Z.copy_(torch.randn(2, 4, 2, generator=g, dtype=F64))
+        model.q_mu.copy_(torch.randn(2, 4, generator=g, dtype=F64))
+    full = model.elbo(X, y, 40)
+    parts = [model.elbo(X[i:i + 10], y[i:i + 10], 40) for i in range(0, 40, 10)]
+    torch.testing.assert_close(torch.stack(parts).mean(), full)
+
+
+def test_15_the_elbo_gradient_passes_gradcheck():
+    g = torch.Generator().manual_seed(15)
+    X = torch.randn(8, 2, generator=g, dtype=F64)
+    y = target(X)
+    model = rbf_hvgp("negation", m=3, jitter=1e-6)
+    with torch.no_grad():
+        model.features.Z.copy_(torch.randn(2, 3, 2, generator=g, dtype=F64))
+        model.q_mu.copy_(torch.randn(2, 3, generator=g, dtype=F64))
+        model.q_sqrt_raw.add_(0.2 * torch.randn(2, 3, 3, generator=g, dtype=F64))
+    params = [model.features.Z, model.q_mu, model.q_sqrt_raw, model.kernel.raw_lengthscale,
+              model.kernel.raw_outputscale, model.likelihood.raw_noise]
+    assert torch.autograd.gradcheck(lambda *_: model.elbo(X, y, 8), params)

@@ -99,8 +99,8 @@ QUICK_DECOUPLED = dict(n_mean_inducing=128, epochs=3, batch_size=1024, lr=0.02)
 register_protocol(Protocol(
     name="quick",
     # v2: hyperparameters start at softplus(0), as GPyTorch's; v3: SoftKI added; v4: variance-only calibration;
-    # v5: GP-GRIEF, VFF, ODVFF and ODVGP added
-    version=5,
+    # v5: GP-GRIEF, VFF, ODVFF and ODVGP added; v6: HVGP added
+    version=6,
     description="The regression methods and the GPyTorch peers, with short training, on generated Friedman #1 "
                 "(n = 40,000, d = 10) and, when the data folder is there, two small UCI sets (not DBK, whose "
                 "networks need thousands of steps, nor GP-GRIEF-I's MCMC).",
@@ -117,6 +117,7 @@ register_protocol(Protocol(
         MethodSpec("vff", QUICK_VFF),
         MethodSpec("odvff", {**QUICK_DECOUPLED, "n_frequencies": 4}),
         MethodSpec("odvgp", {**QUICK_DECOUPLED, "n_inducing": 64}),
+        MethodSpec("hvgp", {**QUICK_SVGP, "n_inducing": QUICK_SVGP["n_inducing"] // 8, "n_ways": 3}),
     ),
     datasets={"friedman1": None, "energy": None, "concrete": None},
     dataset_options={"friedman1": {"n": 40_000}},

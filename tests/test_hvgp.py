@@ -7,7 +7,7 @@ import torch
 
 from gpscale import GPRegressor
 from gpscale.kernels import RBF, inverse_softplus
-from gpscale.kernels.harmonic import Negation, harmonic_kernels
+from gpscale.kernels.harmonic import Negation, harmonic_kernel, harmonic_kernels
 from gpscale.models import get_model_class
 from gpscale.models._variational import gauss_kl_whitened
 from gpscale.models.hvgp import HVGP
@@ -151,6 +151,14 @@ def test_features_are_the_sub_kernels_and_shared_inducing_points_share_one_orbit
     torch.testing.assert_close(model.features.Kuf(X), expected)
     assert model.q_mu.shape == (2, 4) and model.features.Z.shape == (4, 2)
     torch.testing.assert_close(model.features.Kuf(X).sum(0), model.kernel(model.features.Z, X))  # sum_t k_t = k
+    separate = rbf_hvgp("negation", m=4)  # one Z per block: block t's features are k_t(Z_t, X)
+    with torch.no_grad():
+        separate.features.Z.copy_(torch.randn(2, 4, 2, generator=g, dtype=F64))
+    for t in range(2):
+        expected = harmonic_kernel(separate.kernel, Negation(), t, separate.features.Z[t], X)
+        torch.testing.assert_close(separate.features.Kuf(X)[t], expected)
+        torch.testing.assert_close(separate.features.Kuu()[t], harmonic_kernel(
+            separate.kernel, Negation(), t, separate.features.Z[t], separate.features.Z[t]))
 
 
 def test_ard_kernels_are_refused_for_groups_that_mix_coordinates():

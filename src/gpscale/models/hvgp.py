@@ -60,7 +60,11 @@ class HarmonicFeatures(InducingFeatures):
         """``k_t(Z_t, X)`` [T, m, c]: the sub-kernel of each block, never k (spec §8 pitfall 7)."""
         if self.shared:  # one orbit serves every block
             return self._sub_kernels(self._orbit_block(X, self.Z).expand(self.blocks, -1, -1, -1))
-        return self._sub_kernels(torch.stack([self._orbit_block(X, Zt) for Zt in self.Z]))
+        T, m, d = self.Z.shape  # every block's orbit in one kernel evaluation
+        orbit = self.action.orbit(self.Z.reshape(T * m, d))  # [S, T m, d]
+        S = orbit.shape[0]
+        K = self.kernel(X, orbit.reshape(S * T * m, d)).reshape(-1, S, T, m).permute(2, 1, 0, 3)  # [T, S, c, m]
+        return self._sub_kernels(K)
 
     def Kuu(self) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m], symmetrised: k_t is symmetric only through the kernel's invariance, which

@@ -263,3 +263,10 @@ def test_15_the_elbo_gradient_passes_gradcheck():
     params = [model.features.Z, model.q_mu, model.q_sqrt_raw, model.kernel.raw_lengthscale,
               model.kernel.raw_outputscale, model.likelihood.raw_noise]
     assert torch.autograd.gradcheck(lambda *_: model.elbo(X, y, 8), params)
+
+
+def test_prediction_chunks_shrink_with_the_orbit():
+    big = HVGP(3, n_inducing=250, group="longitude", period=12)  # S = 12, T = 7: 21,000 orbit points
+    assert big.chunk_size == 2**22 // 21_000
+    assert HVGP(3, n_inducing=250, group="longitude", chunk_size=1000).chunk_size == 1000
+    assert HVGP(2, n_inducing=4, group="negation").chunk_size == 8192

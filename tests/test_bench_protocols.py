@@ -169,6 +169,19 @@ def test_softki_md17_has_no_published_numbers():
 DATA = os.environ.get("GPSCALE_DATA")
 
 
+def _smoke_runs(smoke, tmp_path) -> list[dict]:
+    """The runs of a cut-down protocol, registered only while it runs."""
+    from gpscale.bench.protocols import register_protocol
+    from gpscale.bench.runner import run_protocol
+
+    register_protocol(smoke)
+    try:
+        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
+        return ResultsStore(path).runs(smoke.name)
+    finally:
+        PROTOCOLS.pop(smoke.name)
+
+
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
 @pytest.mark.parametrize("dataset", sorted({d for name in SOFTKI_PROTOCOLS for d in PROTOCOLS[name].datasets}))
 def test_datasets_load(dataset):
@@ -332,9 +345,6 @@ def test_odvff_table5_layout():
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
 def test_odvff_table5_smoke_run_on_houses(tmp_path):
     """Every method of the protocol through the runner on a 2,000-row subset of houses, one epoch each."""
-    from gpscale.bench.protocols import register_protocol
-    from gpscale.bench.runner import run_protocol
-
     protocol = get_protocol("odvff-table5")
     small = {"odvff": dict(n_frequencies=3, n_mean_inducing=20), "odvgp": dict(n_inducing=10, n_mean_inducing=20),
              "svgp": dict(n_inducing=20), "gpytorch-svgp": dict(n_inducing=20)}
@@ -343,12 +353,7 @@ def test_odvff_table5_smoke_run_on_houses(tmp_path):
     smoke = dataclasses.replace(protocol, name="test-odvff-smoke", methods=methods, datasets={"houses": (0,)},
                                 requires_data=("houses",), dataset_options={"houses": {
                                     **protocol.dataset_options["houses"], "max_train": 2000}})
-    register_protocol(smoke)
-    try:
-        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
-        runs = ResultsStore(path).runs(smoke.name)
-    finally:
-        PROTOCOLS.pop(smoke.name)
+    runs = _smoke_runs(smoke, tmp_path)
     assert {r["method"] for r in runs} == {"odvff", "odvgp", "svgp", "gpytorch-svgp"}
     assert all(r["status"] == "ok" and r["n_train"] == 2000 and np.isfinite(r["nlpd"]) for r in runs), runs
 
@@ -367,20 +372,12 @@ def test_hvgp_protocol_layouts():
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
 def test_hvgp_earth_smoke_run(tmp_path):
     """The protocol's methods through the runner on a 1,500-cell subset of the Earth data, one epoch each."""
-    from gpscale.bench.protocols import register_protocol
-    from gpscale.bench.runner import run_protocol
-
     protocol = get_protocol("hvgp-earth")
     methods = tuple(dataclasses.replace(s, options={**s.options, "n_inducing": 12, "epochs": 1, "batch_size": 500})
                     for s in protocol.methods)
     smoke = dataclasses.replace(protocol, name="test-hvgp-smoke", methods=methods, datasets={"etopo": (0,)},
                                 dataset_options={"etopo": {"test_fraction": 0.2, "max_train": 1500}})
-    register_protocol(smoke)
-    try:
-        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
-        runs = ResultsStore(path).runs(smoke.name)
-    finally:
-        PROTOCOLS.pop(smoke.name)
+    runs = _smoke_runs(smoke, tmp_path)
     assert {r["method"] for r in runs} == {"svgp-1k", "svgp-3k", "hvgp-7x1k", "hvgp-13x1k"}
     assert all(r["status"] == "ok" and r["d"] == 3 and np.isfinite(r["nlpd"]) for r in runs), runs
 
@@ -389,20 +386,12 @@ def test_hvgp_earth_smoke_run(tmp_path):
 @pytest.mark.parametrize("name", ["hvgp-translate-mnist", "hvgp-flip-mnist"])
 def test_hvgp_mnist_smoke_run_scores_classification(name, tmp_path):
     """Every method through the runner on 300 moved MNIST images, one epoch each: accuracy and label NLPD."""
-    from gpscale.bench.protocols import register_protocol
-    from gpscale.bench.runner import run_protocol
-
     protocol = get_protocol(name)
     methods = tuple(dataclasses.replace(s, options={**s.options, "n_inducing": 4, "epochs": 1, "batch_size": 100})
                     for s in protocol.methods)
     smoke = dataclasses.replace(protocol, name=f"test-{name}", methods=methods, dataset_options={"mnist5k": {
         **protocol.dataset_options["mnist5k"], "max_train": 300}})
-    register_protocol(smoke)
-    try:
-        path = run_protocol(smoke, out_dir=tmp_path, data_dir=DATA, progress=False, log=lambda line: None)
-        runs = ResultsStore(path).runs(smoke.name)
-    finally:
-        PROTOCOLS.pop(smoke.name)
+    runs = _smoke_runs(smoke, tmp_path)
     assert {r["method"] for r in runs} == {s.name for s in protocol.methods}
     for r in runs:
         assert r["status"] == "ok", r

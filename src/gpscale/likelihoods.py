@@ -79,10 +79,10 @@ class Bernoulli(nn.Module):
 
     def __init__(self, quadrature_points: int = 20):
         super().__init__()
-        nodes, weights = np.polynomial.hermite.hermgauss(int(quadrature_points))
-        # E_{N(f | m, v)} g(f) = sum_i w_i / sqrt(pi) g(m + sqrt(2 v) t_i)
-        self.register_buffer("nodes", torch.tensor(nodes, dtype=torch.float64))
-        self.register_buffer("weights", torch.tensor(weights / math.sqrt(math.pi), dtype=torch.float64))
+        nodes, weights = gauss_hermite(quadrature_points)
+        # E_{N(f | m, v)} g(f) = sum_i w_i g(m + sqrt(2 v) t_i)
+        self.register_buffer("nodes", nodes)
+        self.register_buffer("weights", weights)
 
     def expected_log_prob(self, y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
         """``E_{N(f | mean, var)} log Phi(y f)`` per point [n], by Gauss-Hermite quadrature."""
@@ -111,7 +111,7 @@ def log_normal_cdf(z: Tensor) -> Tensor:
 def gauss_hermite(n_points: int) -> tuple[Tensor, Tensor]:
     """Gauss-Hermite rule for a standard normal, as float64 tensors ``(t [q], w [q])``:
     ``E_{z ~ N(0, 1)} g(z) ~= sum_i w_i g(sqrt(2) t_i)``, with the w_i (the Hermite weights / sqrt(pi)) summing to 1.
-    Exact for polynomials g of degree < 2q; the rule :class:`Bernoulli` builds in its ``__init__``."""
+    Exact for polynomials g of degree < 2q."""
     nodes, weights = np.polynomial.hermite.hermgauss(int(n_points))
     return torch.tensor(nodes, dtype=torch.float64), torch.tensor(weights / math.sqrt(math.pi), dtype=torch.float64)
 

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from ..kernels import RBF, Matern
 from ..kernels.harmonic import GroupAction, OrthogonalAction, harmonic_kernels, pca_directions, subspace_negations
-from ..linalg import solve_lower
+from ..linalg import cholesky, solve_lower
 from ..models.hvgp import HVGP
 from ..models.svgp import SVGP
 from ..train import fit
@@ -123,7 +123,7 @@ def _projection_covariance_errors(K: Tensor, perm: Tensor, W: Tensor, idx: Tenso
 
 def _draw(K: Tensor, jitter: float, g: torch.Generator) -> Tensor:
     """One draw N(0, K + jitter I) [n] (the Cholesky fails unless K is PSD to about -jitter)."""
-    L = torch.linalg.cholesky(K + jitter * torch.eye(K.shape[-1], dtype=K.dtype))
+    L = cholesky(K + jitter * torch.eye(K.shape[-1], dtype=K.dtype), max_tries=0, what="sub-kernel Gram matrix")
     return L @ torch.randn(K.shape[-1], generator=g, dtype=K.dtype)
 
 
@@ -354,7 +354,7 @@ def relative_trace_error(Kuu: Tensor, Kuf: Tensor, Kff_diag: Tensor, jitter: flo
     """``tr(K - Q) / tr(K)``, ``Q = sum_t K_tf K_t,uu^{-1} K_tu``, from Kuu [T, m, m], Kuf [T, m, n] and the
     diagonal of K [n] (tr Q is the squared norm of every block's ``L_t^{-1} K_t,uf``)."""
     eye = torch.eye(Kuu.shape[-1], dtype=Kuu.dtype)
-    A = solve_lower(torch.linalg.cholesky(Kuu + jitter * eye), Kuf)  # [T, m, n]
+    A = solve_lower(cholesky(Kuu + jitter * eye, what="Kuu"), Kuf)  # [T, m, n]
     return ((Kff_diag.sum() - (A**2).sum()) / Kff_diag.sum()).item()
 
 

@@ -34,7 +34,8 @@ from .stationary import Kernel
 
 __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "subspace_negations",
            "pca_negations", "CyclicShift", "OrthogonalAction", "LongitudeRotation", "sphere_embedding", "ImageRoll",
-           "ImageFlip", "Product", "real_weights", "harmonic_kernels", "harmonic_kernel", "check_invariant"]
+           "ImageFlip", "Product", "real_weights", "orbit_gram", "harmonic_kernels", "harmonic_kernel",
+           "check_invariant"]
 
 
 def real_weights(P: int) -> Tensor:
@@ -347,7 +348,7 @@ class Product(GroupAction):
         return f"Product([{', '.join(map(repr, self.actions))}])"
 
 
-def _orbit_gram(kernel: Kernel, action: GroupAction, X1: Tensor, X2: Tensor) -> Tensor:
+def orbit_gram(kernel: Kernel, action: GroupAction, X1: Tensor, X2: Tensor) -> Tensor:
     """``k(X1, G^s X2)`` [S, n1, n2], from one kernel call on the stacked orbit."""
     if X1.ndim != 2 or X1.shape[-1] != X2.shape[-1]:
         raise ValueError(f"X1 [n1, d] and X2 [n2, d] must share d; got {tuple(X1.shape)} and {tuple(X2.shape)}.")
@@ -358,7 +359,7 @@ def _orbit_gram(kernel: Kernel, action: GroupAction, X1: Tensor, X2: Tensor) -> 
 
 def harmonic_kernels(kernel: Kernel, action: GroupAction, X1: Tensor, X2: Tensor) -> Tensor:
     """All real sub-kernels ``k_t(X1, X2) = sum_s W[t, s] k(X1, G^s X2)`` [T, n1, n2] from one orbit of X2."""
-    K_orbit = _orbit_gram(kernel, action, X1, X2)
+    K_orbit = orbit_gram(kernel, action, X1, X2)
     return torch.einsum("ts,sij->tij", action.weights(K_orbit.dtype, K_orbit.device), K_orbit)
 
 
@@ -367,7 +368,7 @@ def harmonic_kernel(kernel: Kernel, action: GroupAction, t: int, X1: Tensor, X2:
     t = operator.index(t)
     if not 0 <= t < action.n_subkernels:
         raise ValueError(f"Sub-kernel t={t} is outside 0..{action.n_subkernels - 1} for {action!r}.")
-    K_orbit = _orbit_gram(kernel, action, X1, X2)
+    K_orbit = orbit_gram(kernel, action, X1, X2)
     return torch.einsum("s,sij->ij", action.weights(K_orbit.dtype, K_orbit.device)[t], K_orbit)
 
 

@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from ..kernels import Kernel
 from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
-                                Product, check_invariant, pca_directions, subspace_negations)
+                                Product, check_invariant, harmonic_kernel, harmonic_kernels, orbit_gram,
+                                pca_directions, subspace_negations)
 from ._variational import InducingFeatures, VariationalGP
 from .base import register
 from .inducing import kmeans_centers
@@ -45,34 +46,22 @@ class HarmonicFeatures(InducingFeatures):
         self.shared = bool(shared)
         self.Z = nn.Parameter(torch.zeros(m, d) if shared else torch.zeros(self.blocks, m, d))
 
-    def _orbit_block(self, X: Tensor, Z: Tensor) -> Tensor:
-        """``k(x_c, G^s z_j)`` [S, c, m] for X [c, d], Z [m, d]: one kernel evaluation against Z's orbit."""
-        orbit = self.action.orbit(Z)  # [S, m, d]
-        S, m, d = orbit.shape
-        return self.kernel(X, orbit.reshape(S * m, d)).reshape(-1, S, m).transpose(0, 1)
-
-    def _sub_kernels(self, K: Tensor) -> Tensor:
-        """[T, S, c, m] -> ``k_t(Z_t, X)`` [T, m, c]: each block's row of the real weights W [T, S]."""
-        W = self.action.weights(dtype=K.dtype, device=K.device)
-        return torch.einsum("ts,tscm->tmc", W, K)
-
     def Kuf(self, X: Tensor) -> Tensor:
-        """``k_t(Z_t, X)`` [T, m, c]: the sub-kernel of each block, never k (spec §8 pitfall 7)."""
+        """``k_t(Z_t, X)`` [T, m, c]: the sub-kernel of each block, never k (spec §8 pitfall 7); the orbit is
+        taken of Z (k_t is symmetric), so its size does not grow with the batch."""
         if self.shared:  # one orbit serves every block
-            return self._sub_kernels(self._orbit_block(X, self.Z).expand(self.blocks, -1, -1, -1))
-        T, m, d = self.Z.shape  # every block's orbit in one kernel evaluation
-        orbit = self.action.orbit(self.Z.reshape(T * m, d))  # [S, T m, d]
-        S = orbit.shape[0]
-        K = self.kernel(X, orbit.reshape(S * T * m, d)).reshape(-1, S, T, m).permute(2, 1, 0, 3)  # [T, S, c, m]
-        return self._sub_kernels(K)
+            return harmonic_kernels(self.kernel, self.action, X, self.Z).mT
+        T, m, d = self.Z.shape  # every block's orbit in one kernel evaluation; block t takes row t of W
+        K = orbit_gram(self.kernel, self.action, X, self.Z.reshape(T * m, d)).reshape(-1, X.shape[0], T, m)
+        return torch.einsum("ts,sctm->tmc", self.action.weights(K.dtype, K.device), K)
 
     def Kuu(self) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m], symmetrised: k_t is symmetric only through the kernel's invariance, which
         round-off breaks slightly, and Cholesky reads one triangle (spec §8 pitfall 6)."""
         if self.shared:
-            Kuu = self.Kuf(self.Z)
-        else:
-            Kuu = self._sub_kernels(torch.stack([self._orbit_block(Zt, Zt) for Zt in self.Z]))
+            Kuu = harmonic_kernels(self.kernel, self.action, self.Z, self.Z)
+        else:  # each block against its own orbit only
+            Kuu = torch.stack([harmonic_kernel(self.kernel, self.action, t, Zt, Zt) for t, Zt in enumerate(self.Z)])
         return 0.5 * (Kuu + Kuu.mT)
 
     def Kff_diag(self, X: Tensor) -> Tensor:

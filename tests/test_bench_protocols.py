@@ -367,6 +367,12 @@ def test_hvgp_protocol_layouts():
     uci = get_protocol("hvgp-uci")
     assert [s.name for s in uci.methods] == ["svgp-250", "svgp-500", "hvgp-8x250"]
     assert set(uci.datasets) == {"kin40k", "protein", "keggdirected", "elevators"} and uci.splits == (0, 1, 2)
+    short = get_protocol("hvgp-uci-short")
+    assert [s.name for s in short.methods] == ["svgp-100", "svgp-200", "hvgp-8x100"] and short.splits == (0,)
+    epochs = short.methods[2].dataset_overrides["kin40k"]["epochs"]
+    assert epochs == 15 and epochs * 36_000 / 256 >= 2_000  # iterations rounded up to whole epochs
+    translate = {s.name: s.options for s in get_protocol("hvgp-translate-mnist").methods}
+    assert all(options["lengthscale"] == "median" for options in translate.values())
 
 
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")

@@ -20,6 +20,7 @@ from gpscale.kernels.harmonic import (
     Product,
     SubspaceNegation,
     check_invariant,
+    harmonic_gram,
     harmonic_kernel,
     harmonic_kernels,
     pca_directions,
@@ -536,3 +537,23 @@ def test_invalid_inputs_raise():
     with pytest.raises(ValueError, match="share d"):
         harmonic_kernels(kernel, Negation(), X, points(2, 2))
     assert isinstance(Negation().product(Identity()), GroupAction)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gram_from_half_the_orbit_equals_the_full_sum(name):
+    kernel, action, X, _ = make_case(name)
+    assert sorted({s for s in range(action.order)} - {action.inverse(s) for s in range(action.order)}) == []
+    assert all(action.inverse(action.inverse(s)) == s for s in range(action.order))
+    with torch.no_grad():
+        full = harmonic_kernels(kernel, action, X, X)
+        torch.testing.assert_close(harmonic_gram(kernel, action, X), 0.5 * (full + full.mT), rtol=0, atol=1e-14)
+        torch.testing.assert_close(harmonic_gram(kernel, action, X, action.n_subkernels - 1), full[-1],
+                                   rtol=0, atol=1e-12)
+
+
+def test_inverse_negates_each_ways_exponent():
+    action = Product([CyclicShift(range(0, 3)), CyclicShift(range(3, 7))])  # periods (3, 4), s = 4 s_1 + s_2
+    assert action.inverse(4 * 1 + 1) == 4 * 2 + 3
+    assert action.inverse(4 * 0 + 2) == 2  # the half turn of the second way is its own inverse
+    with pytest.raises(ValueError, match="outside"):
+        harmonic_gram(rbf(7), action, points(3, 7), t=action.n_subkernels)

@@ -270,3 +270,106 @@ def test_prediction_chunks_shrink_with_the_orbit():
     assert big.chunk_size == 2**22 // 21_000
     assert HVGP(3, n_inducing=250, group="longitude", chunk_size=1000).chunk_size == 1000
     assert HVGP(2, n_inducing=4, group="negation").chunk_size == 8192
+
+
+def _random_q(model, g):
+    with torch.no_grad():
+        model.q_mu.copy_(torch.randn(model.q_mu.shape, generator=g, dtype=F64))
+        eye = torch.eye(model.n_inducing, dtype=F64)
+        model.q_sqrt_raw.copy_(0.3 * torch.randn(model.q_sqrt_raw.shape, generator=g, dtype=F64) + eye)
+
+
+def test_9_whitened_q_equals_the_unwhitened_q_it_maps_to():
+    """u_t = L_t v_t: the whitened ELBO and predictions equal a dense unwhitened reference with m_u = L m_v and
+    S_u = L S_v S_v^T L^T, KL(N(m_u, S_u) || N(0, K_t)) summed over the blocks."""
+    g = torch.Generator().manual_seed(9)
+    X = torch.randn(30, 2, generator=g, dtype=F64)
+    y = target(X)
+    model = rbf_hvgp("negation", m=5, jitter=1e-8)
+    with torch.no_grad():
+        model.features.Z.copy_(torch.randn(2, 5, 2, generator=g, dtype=F64))
+    _random_q(model, g)
+    with torch.no_grad():
+        Kuu = model.features.Kuu() + model.jitter * torch.eye(5, dtype=F64)
+        Kuf = model.features.Kuf(X)
+        L = torch.linalg.cholesky(Kuu)
+        S_v = model.q_sqrt
+        m_u = (L @ model.q_mu.unsqueeze(-1)).squeeze(-1)
+        S_u = L @ S_v @ S_v.mT @ L.mT
+        Kinv_Kuf = torch.linalg.solve(Kuu, Kuf)  # [T, m, n]
+        mean = torch.einsum("tmn,tm->n", Kinv_Kuf, m_u)
+        var = (model.kernel.diag(X) - (Kuf * Kinv_Kuf).sum((0, 1))
+               + (Kinv_Kuf * (S_u @ Kinv_Kuf)).sum((0, 1)))
+        kl = sum(torch.distributions.kl_divergence(torch.distributions.MultivariateNormal(m_u[t], S_u[t]),
+                                                   torch.distributions.MultivariateNormal(torch.zeros(5, dtype=F64),
+                                                                                          Kuu[t]))
+                 for t in range(2))
+        noise = model.likelihood.noise
+        expected = -0.5 * (torch.log(2 * math.pi * noise) + ((y - mean) ** 2 + var) / noise).sum() - kl
+        torch.testing.assert_close(model.elbo(X, y, 30), expected, rtol=1e-9, atol=1e-9)
+        model.fit_posterior(X, y)
+        for ours, reference in zip(model.predict(X), (mean, var)):
+            torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-9)
+
+
+def test_12_shared_negation_features_with_a_full_q_are_svgp_on_z_and_minus_z():
+    """Thm 4.1 (P = 2): u = F u' with u' = f([Z; -Z]) and F = [[1/2, 1/2], [1/2, -1/2]] (x) I. The HVGP features
+    are exactly F's rows (block-diagonal K_uu: u_0 and u_1 are uncorrelated), so an HVGP with shared Z and the
+    full q mapped through F predicts as the SVGP on [Z; -Z]."""
+    g = torch.Generator().manual_seed(12)
+    X = torch.randn(11, 2, generator=g, dtype=F64)
+    Z = torch.randn(4, 2, generator=g, dtype=F64)
+    hvgp = rbf_hvgp("negation", m=4, shared_inducing=True)
+    svgp = SVGP(2, n_inducing=8, kernel=RBF(2, ard=False), jitter=1e-10).double()
+    svgp.kernel.load_state_dict(hvgp.kernel.state_dict())
+    with torch.no_grad():
+        hvgp.features.Z.copy_(Z)
+        svgp.features.Z.copy_(torch.cat([Z, -Z]))
+    _random_q(svgp, g)
+    svgp.fit_posterior(X, None)
+    svgp_mean, svgp_var = svgp.predict(X)
+    with torch.no_grad():
+        F = torch.kron(torch.tensor([[0.5, 0.5], [0.5, -0.5]], dtype=F64), torch.eye(4, dtype=F64))
+        K_svgp = svgp.kernel(svgp.features.Z, svgp.features.Z) + 1e-10 * torch.eye(8, dtype=F64)
+        Kuu = torch.block_diag(*hvgp.features.Kuu()) + 1e-10 * F @ F.T
+        Kuf = hvgp.features.Kuf(X).reshape(8, -1)
+        torch.testing.assert_close(F @ K_svgp @ F.T, Kuu, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(F @ svgp.kernel(svgp.features.Z, X), Kuf, rtol=1e-12, atol=1e-12)
+        L_svgp = torch.linalg.cholesky(K_svgp)
+        m_u = F @ L_svgp @ svgp.q_mu
+        S_u = F @ L_svgp @ svgp.q_sqrt @ svgp.q_sqrt.T @ L_svgp.T @ F.T
+        A = torch.linalg.solve(Kuu, Kuf)
+        mean = A.T @ m_u
+        var = hvgp.kernel.diag(X) - (Kuf * A).sum(0) + (A * (S_u @ A)).sum(0)
+    torch.testing.assert_close(mean, svgp_mean, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(var, svgp_var, rtol=1e-8, atol=1e-8)
+
+
+def test_blocks_placed_on_several_devices_give_the_same_elbo_gradients_and_predictions():
+    from unittest.mock import patch
+
+    from gpscale.models.hvgp import HarmonicFeatures
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(64, 2, generator=g, dtype=F64)
+    y = target(X)
+    models = [rbf_hvgp("pixel_negation", m=6, n_ways=2, jitter=1e-8, devices=devices)
+              for devices in (None, ("cpu",) * 3)]
+    with torch.no_grad():
+        models[0].features.Z.copy_(torch.randn(4, 6, 2, generator=g, dtype=F64))
+    _random_q(models[0], g)
+    models[1].load_state_dict(models[0].state_dict())
+    assert [b for b, _ in models[1].placement()] == [slice(0, 1), slice(1, 3), slice(3, 4)]
+    with patch.object(HarmonicFeatures, "Kuf", autospec=True, side_effect=HarmonicFeatures.Kuf) as Kuf:
+        elbos = [model.elbo(X, y, 64) for model in models]
+    assert [call.args[2:] for call in Kuf.call_args_list] == [(), (slice(0, 1),), (slice(1, 3),), (slice(3, 4),)]
+    torch.testing.assert_close(elbos[0], elbos[1], rtol=1e-10, atol=1e-10)
+    grads = [torch.autograd.grad(elbo, list(model.parameters())) for elbo, model in zip(elbos, models)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    for model in models:
+        model.fit_posterior(X, y)
+    for a, b in zip(models[0].predict(X), models[1].predict(X)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="1 to T = 4 devices"):
+        rbf_hvgp("pixel_negation", m=6, n_ways=2, devices=("cpu",) * 5)

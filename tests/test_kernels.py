@@ -111,3 +111,28 @@ def test_periodic_kernel_repeats_with_its_period_and_sums_add():
     m = Matern(1, nu=1.5).double()
     torch.testing.assert_close(Sum(k, m)(x, x), k(x, x) + m(x, x))
     torch.testing.assert_close(Sum(k, m).diag(x), k.diag(x) + m.diag(x))
+
+
+def test_median_distance_is_the_median_pairwise_distance_of_a_seeded_subset():
+    from gpscale.kernels import median_distance
+
+    X = torch.tensor([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0]], dtype=torch.float64)
+    assert median_distance(X) == 4.0  # distances 3, 4, 5
+    Y = torch.randn(50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    assert median_distance(Y, max_rows=20, seed=1) == median_distance(Y, max_rows=20, seed=1)
+    assert median_distance(Y, max_rows=20, seed=1) != median_distance(Y)
+
+
+def test_median_lengthscale_starts_where_the_kernel_sees_the_data():
+    from gpscale.kernels import Sum, median_distance
+    from gpscale.models import get_model_class
+
+    SVGP = get_model_class("svgp")
+    X = 30 * torch.randn(300, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    model = SVGP(4, n_inducing=8, lengthscale="median").double()
+    model.initialise(X, X[:, 0], seed=0)
+    torch.testing.assert_close(model.kernel.lengthscale, torch.full((4,), median_distance(X), dtype=torch.float64))
+    with pytest.raises(ValueError, match="'median'"):
+        SVGP(4, lengthscale="mean")
+    with pytest.raises(ValueError, match="has none"):
+        SVGP(4, kernel=Sum(RBF(4), RBF(4)), lengthscale="median")

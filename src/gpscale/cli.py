@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a method option, repeatable (e.g. --option solver=qr)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel under torchrun: each process reads and trains on its block of the rows; "
+                        "rank 0 writes the model (see docs/distributed.md)")
     p.set_defaults(run=_fit)
 
     p = sub.add_parser("predict", help="predict with a saved model; writes mean and std columns")
@@ -190,10 +193,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fit(args) -> None:
+    import os
+
+    import torch
+
+    from .distributed import LOCAL, TorchComm
     from .estimator import GPRegressor
     from .models import get_model_class
 
-    names, table = _read_csv(args.data)
+    comm, device = LOCAL, args.device
+    if args.distributed:
+        comm = TorchComm.from_env()
+        if device == "cuda":  # one GPU per process
+            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+    names, table = _read_csv(args.data, shard=(comm.rank, comm.world_size))
     if args.target not in names:
         raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
     target = names.index(args.target)
@@ -202,13 +215,17 @@ def _fit(args) -> None:
     lr = args.lr if args.lr is not None else (0.1 if get_model_class(args.method).full_batch else 0.01)
     reg = GPRegressor(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs,
                       batch_size=args.batch_size, lr=lr, optimizer=args.optimizer, kernel=args.kernel,
-                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=args.device,
-                      progress=not args.quiet,
+                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=device,
+                      progress=not args.quiet, distributed=args.distributed,
                       **_parse_options(args.option))
     reg.fit(X, y)
     reg.save(args.output, metadata={"feature_names": features, "target": args.target})
-    print(f"fitted {args.method} on {len(y)} rows x {len(features)} features in {reg.training_seconds_:.1f} s; "
-          f"saved {args.output}")
+    if comm.rank == 0:
+        where = f" ({comm.world_size} processes)" if comm.world_size > 1 else ""
+        print(f"fitted {args.method} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
+              f"features in {reg.training_seconds_:.1f} s{where}; saved {args.output}")
+    else:
+        comm.all_reduce_sum(torch.tensor(len(y)))  # every rank joins the collective
 
 
 def _predict(args) -> None:
@@ -344,20 +361,30 @@ def _data_download(args) -> None:
     print(f"saved {path}")
 
 
-def _read_csv(path: Path) -> tuple[list[str], np.ndarray]:
-    """Header names and a float64 table; non-numeric or missing cells are reported with their position."""
+def _read_csv(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[list[str], np.ndarray]:
+    """Header names and a float64 table; non-numeric or missing cells are reported with their position.
+
+    ``shard=(rank, world_size)``: only that process's contiguous block of the data rows is parsed (the blocks of
+    ranks 0, 1, ... in order are the file's rows), so each process holds only its part in memory.
+    """
+    rank, world_size = shard
     with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    if len(rows) < 2:
+        n_rows = sum(1 for _ in csv.reader(f)) - 1
+    if n_rows < 1:
         raise ValueError(f"{path} needs a header row and at least one data row.")
-    names = [n.strip() for n in rows[0]]
-    table = np.empty((len(rows) - 1, len(names)))
-    for i, row in enumerate(rows[1:], start=2):
+    bounds = np.linspace(0, n_rows, world_size + 1).round().astype(int)
+    first, last = bounds[rank], bounds[rank + 1]
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        names = [n.strip() for n in next(reader)]
+        rows = [row for i, row in enumerate(reader) if first <= i < last]
+    table = np.empty((len(rows), len(names)))
+    for i, row in enumerate(rows, start=first + 2):
         if len(row) != len(names):
             raise ValueError(f"{path}, line {i}: {len(row)} cells, but the header has {len(names)}.")
         for j, cell in enumerate(row):
             try:
-                table[i - 2, j] = float(cell)
+                table[i - 2 - first, j] = float(cell)
             except ValueError:
                 raise ValueError(f"{path}, line {i}, column {names[j]!r}: {cell!r} is not a number.") from None
     return names, table

@@ -1,13 +1,22 @@
 """Communication between data-parallel processes.
 
 Every full-data reduction in gpscale goes through a ``Comm``, so the same model code runs in one process
-(:class:`LocalComm`, where each reduction is the identity) and, later, under torchrun.
+(:class:`LocalComm`, where each reduction is the identity) and under torchrun (:class:`TorchComm`: gloo on CPU,
+nccl on GPU). Each process holds a shard of the rows; ``rank`` and ``world_size`` say which.
+
+Under torchrun::
+
+    comm = TorchComm.from_env()          # reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    fit(model, X_shard, y_shard, comm=comm)
 """
 from __future__ import annotations
 
-from torch import Tensor
+import os
 
-__all__ = ["Comm", "LocalComm", "LOCAL"]
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "broadcast_state"]
 
 
 class Comm:
@@ -17,7 +26,24 @@ class Comm:
     world_size: int = 1
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:  # pragma: no cover - interface
-        """The sum of ``tensor`` over all processes (differentiable)."""
+        """The sum of ``tensor`` over all processes, as a new tensor (differentiable: the gradient with respect to
+        each process's input is the sum of the gradients with respect to the output over processes)."""
+        raise NotImplementedError
+
+    def all_reduce_max(self, tensor: Tensor) -> Tensor:  # pragma: no cover - interface
+        """The elementwise maximum of ``tensor`` over all processes, as a new tensor (not differentiable)."""
+        raise NotImplementedError
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:  # pragma: no cover - interface
+        """``tensor`` overwritten in place with process ``src``'s values; returned."""
+        raise NotImplementedError
+
+    def all_gather(self, tensor: Tensor) -> Tensor:  # pragma: no cover - interface
+        """Every process's ``tensor`` [n_r, ...] concatenated along dim 0 in rank order (n_r may differ)."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:  # pragma: no cover - interface
+        """Wait until every process gets here."""
         raise NotImplementedError
 
 
@@ -27,5 +53,92 @@ class LocalComm(Comm):
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return tensor
 
+    def all_reduce_max(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def barrier(self) -> None:
+        pass
+
 
 LOCAL = LocalComm()
+
+
+class TorchComm(Comm):
+    """The processes of a ``torch.distributed`` group (the default group unless ``group`` is given).
+
+    Float64 reductions are exact in the sense that every process gets bitwise the same result; the sum's rounding
+    differs from a one-process sum by float64 round-off only.
+    """
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: launch with torchrun and create the comm with "
+                               "TorchComm.from_env(), or call torch.distributed.init_process_group first.")
+        self._dist = dist
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    @classmethod
+    def from_env(cls, backend: str | None = None) -> TorchComm:
+        """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the
+        backend defaults to nccl where CUDA is available and gloo otherwise."""
+        import torch.distributed as dist
+
+        missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        if missing:
+            raise RuntimeError(f"The environment lacks {', '.join(missing)}: start the job with torchrun, e.g. "
+                               "`torchrun --nproc-per-node 2 -m gpscale fit ... --distributed`.")
+        if not dist.is_initialized():
+            dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+        return cls()
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        if tensor.requires_grad:
+            from torch.distributed.nn.functional import all_reduce
+
+            return all_reduce(tensor, group=self.group or self._dist.group.WORLD)
+        out = tensor.clone()
+        self._dist.all_reduce(out, group=self.group)
+        return out
+
+    def all_reduce_max(self, tensor: Tensor) -> Tensor:
+        out = tensor.detach().clone()
+        self._dist.all_reduce(out, op=self._dist.ReduceOp.MAX, group=self.group)
+        return out
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
+        self._dist.broadcast(tensor, src, group=self.group)
+        return tensor
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        # the collective needs equal shapes: pad every part to the longest, then cut each back
+        sizes = torch.zeros(self.world_size, dtype=torch.long, device=tensor.device)
+        sizes[self.rank] = tensor.shape[0]
+        sizes = self.all_reduce_sum(sizes).tolist()
+        padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        self._dist.all_gather(parts, padded.contiguous(), group=self.group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self.group)
+
+
+def broadcast_state(module: nn.Module, comm: Comm, src: int = 0) -> None:
+    """Give every process ``src``'s parameters and buffers (after a data-dependent initialisation on ``src``),
+    through ``load_state_dict``, so that modules which derive state from their buffers rebuild it."""
+    if comm.world_size == 1:
+        return
+    state = {name: comm.broadcast(value.detach().clone(), src) if torch.is_tensor(value) else value
+             for name, value in module.state_dict().items()}
+    module.load_state_dict(state)

@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
+from .distributed import LOCAL, Comm, TorchComm
 from .io import ModelFileError, read_model_file, write_model_file
 from .models import get_model_class
 from .models.base import GPModel
@@ -51,6 +52,11 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     device : str, default="cpu"
     progress : bool, default=True
         A progress bar while training (only in a terminal).
+    distributed : bool, default=False
+        Data-parallel training under torchrun (:mod:`gpscale.distributed`): every process calls ``fit`` with its
+        own shard of the rows; the scaling statistics and n are global, and the fitted model equals the
+        one-process fit on all rows (see :func:`gpscale.train.fit` for what is supported). :meth:`save` writes
+        on rank 0 only.
     **method_options
         Passed to the method (e.g. ``jitter``, ``solver``, ``learn_inducing``, ``ard``, ``chunk_size``).
 
@@ -65,7 +71,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, optimizer="adam",
                  kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
-                 progress=True, **method_options):
+                 progress=True, distributed=False, **method_options):
         self.method = method
         self.n_inducing = n_inducing
         self.epochs = epochs
@@ -80,6 +86,7 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         self.dtype = dtype
         self.device = device
         self.progress = progress
+        self.distributed = distributed
         self._method_options = tuple(sorted(method_options))
         for name, value in method_options.items():
             setattr(self, name, value)
@@ -95,20 +102,24 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         """Standardise, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
                              dtype=np.float64)
-        if y.std() == 0:
+        comm = TorchComm.from_env() if self.distributed else LOCAL
+        n, x_mean, x_std = _global_moments(X, comm)
+        _, y_mean, y_std = _global_moments(y, comm)
+        if y_std == 0:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
         dtype, device = self._torch_dtype(), torch.device(self.device)
-        self.x_mean_, self.x_std_ = X.mean(0), _safe_std(X.std(0))
-        self.y_mean_, self.y_std_ = float(y.mean()), float(y.std())
+        self.x_mean_, self.x_std_ = x_mean, _safe_std(x_std)
+        self.y_mean_, self.y_std_ = float(y_mean), float(y_std)
+        self.rank_ = comm.rank
         Xt, yt = self._to_tensor(self._scale_x(X)), self._to_tensor((y - self.y_mean_) / self.y_std_)
         cls = get_model_class(self.method)
-        options = self._model_options(cls, X.shape[0])
+        options = self._model_options(cls, n)
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
         tic = time.perf_counter()
         self.fit_result_ = fit(model, Xt, yt, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
                                optimizer=self.optimizer, val_fraction=self.val_fraction, seed=self.seed,
-                               progress=self.progress)
+                               progress=self.progress, comm=comm)
         self.training_seconds_ = time.perf_counter() - tic
         self.model_options_ = options
         self.model_ = model
@@ -149,6 +160,8 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         ``metadata`` (JSON-serialisable, e.g. feature names) is stored alongside and restored as ``metadata_``.
         """
         check_is_fitted(self, "model_")
+        if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
+            return
         header = {
             "kind": "GPRegressor",
             "gpscale_version": __version__,
@@ -203,6 +216,14 @@ class GPRegressor(RegressorMixin, BaseEstimator):
 
     def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.tensor(a, dtype=self._torch_dtype(), device=torch.device(self.device))
+
+
+def _global_moments(A: np.ndarray, comm: Comm) -> tuple[int, np.ndarray, np.ndarray]:
+    """n, and the mean and (population) standard deviation over axis 0 of the rows of every process's A."""
+    n = int(comm.all_reduce_sum(torch.tensor(float(A.shape[0]), dtype=torch.float64)).item())
+    mean = comm.all_reduce_sum(torch.as_tensor(np.asarray(A.sum(0)))).numpy() / n
+    variance = comm.all_reduce_sum(torch.as_tensor(np.asarray(((A - mean) ** 2).sum(0)))).numpy() / n
+    return n, mean, np.sqrt(variance)
 
 
 def _as_numpy(a):

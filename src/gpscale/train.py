@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import lbfgs
+from .distributed import LOCAL, Comm, broadcast_state
 from .linalg import NotPSDError
 from .models.base import GPModel
 
@@ -72,6 +74,7 @@ def fit(
     max_restarts: int = 3,
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
+    comm: Comm = LOCAL,
 ) -> FitResult:
     """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
 
@@ -97,11 +100,20 @@ def fit(
             perturbed, at most this many times; then raise with a remedy.
         checkpoint: a file written (atomically) after every epoch; with ``resume=True`` training continues
             from it when it exists.
+        comm: the processes of a data-parallel job (:mod:`gpscale.distributed`), each passing its own shard of
+            the rows as (X, y). The model is initialised on rank 0's shard and broadcast; every epoch draws one
+            permutation of the global rows (the same on every rank) and cuts it into global batches of
+            ``batch_size``, of which each rank evaluates the rows it holds; the ranks' losses, weighted by their
+            share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
+            So the trained model equals the one-process fit on the concatenated shards, to round-off. Rank 0
+            alone writes the checkpoint. Not yet: full-batch models, losses that couple a batch's rows (SoftKI),
+            natural gradients, validation, L-BFGS.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, val_every=val_every)
     _check_optimizer(optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
+    _check_distributable(model, comm, optimizer=optimizer, val_fraction=val_fraction)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
@@ -109,7 +121,9 @@ def fit(
     X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator)
     state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
     if state is None:
-        model.init(X_fit, y_fit, seed=seed)
+        if comm.rank == 0:
+            model.initialise(X_fit, y_fit, seed=seed)
+        broadcast_state(model, comm)
     else:
         model.load_state_dict(state["model"])
     initial = copy.deepcopy(model.state_dict())
@@ -122,7 +136,7 @@ def fit(
             else:
                 _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
                           batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
-                          progress=progress, checkpoint=checkpoint)
+                          progress=progress, checkpoint=checkpoint, comm=comm)
             break
         except (NotPSDError, TrainingError) as err:
             if attempt == max_restarts:
@@ -135,13 +149,13 @@ def fit(
             model.load_state_dict(initial)
             _perturb(model, generator, scale=0.1 * (attempt + 1))
             result, state = FitResult(restarts=attempt + 1), None
-    model.fit_posterior(X, y)
+    model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, batch_size, lr, schedule,
-              patience, val_every, progress, checkpoint) -> None:
+              patience, val_every, progress, checkpoint, comm=LOCAL) -> None:
     model.clear_cache()
     optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
     scheduler = _make_scheduler(schedule, optimiser, epochs)
@@ -157,13 +171,18 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         if "last_good" not in best:  # checkpoints written before val_every counted the epochs without improvement
             best["last_good"] = len(state["history"]) - 1 - best.pop("bad")
         first = len(result.history)
-    n = X.shape[0]
+    shard = Shard.of(X.shape[0], comm)
+    objective = _Objective(model)
+    if comm.world_size > 1:
+        # empty parameters (e.g. gamma [0, d] without a mean basis) never get a gradient: DDP must look for them
+        empty = any(p.numel() == 0 for p in model.parameters() if p.requires_grad)
+        objective = DistributedDataParallel(objective, find_unused_parameters=empty)
     bar = tqdm(range(first, epochs), desc=model.key or "fit", unit="epoch", leave=False,
-               disable=not (progress and sys.stderr.isatty()))
+               disable=not (progress and sys.stderr.isatty() and comm.rank == 0))
     for epoch in bar:
         tic = time.perf_counter()
         model.train()
-        loss = _epoch(model, X, y, optimiser, generator, batch_size, n)
+        loss = _epoch(model, objective, X, y, optimiser, generator, batch_size, shard, comm)
         if scheduler is not None:
             scheduler.step()
         record = {"epoch": epoch, "loss": loss, "lr": optimiser.param_groups[0]["lr"],
@@ -175,7 +194,7 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
                         "last_good": epoch}
         result.history.append(record)
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
-        if checkpoint:
+        if checkpoint and comm.rank == 0:
             _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best)
         if "val_nlpd" in record and epoch - best["last_good"] >= patience:
             result.stopped_early = True
@@ -211,23 +230,60 @@ def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress) -> None:
         raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
 
 
-def _epoch(model, X, y, optimiser, generator, batch_size, n) -> float:
-    """One pass; returns the mean loss over its steps."""
-    if model.full_batch:
-        batches = [(X, y)]
+@dataclass(frozen=True)
+class Shard:
+    """This process's rows of the global data: rows ``offset .. offset + n - 1`` of ``n_global``."""
+
+    offset: int
+    n: int
+    n_global: int
+
+    @staticmethod
+    def of(n: int, comm: Comm) -> Shard:
+        sizes = comm.all_gather(torch.tensor([n])).tolist()
+        return Shard(offset=sum(sizes[: comm.rank]), n=n, n_global=sum(sizes))
+
+
+class _Objective(nn.Module):
+    """The model's minibatch loss, weighted by this process's share of the global batch, as a module's forward
+    (what DistributedDataParallel wraps)."""
+
+    def __init__(self, model: GPModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float) -> Tensor:
+        if X.shape[0] == 0:  # no rows of this batch here: a zero that still reaches every parameter, with a
+            # separate zero gradient tensor each (sum(p.sum()) * 0 would hand 0-dim parameters views of one tensor,
+            # which DistributedDataParallel's bucket copies then mix up)
+            return sum((p * 0.0).sum() for p in self.model.parameters() if p.requires_grad)
+        return weight * self.model.loss(X, y, num_data=num_data)
+
+
+def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm) -> float:
+    """One pass; returns the mean loss over its steps (the global loss under data parallelism)."""
+    if model.full_batch:  # one process only (_check_distributable)
+        batches = [None]
     else:
-        order = torch.randperm(n, generator=generator).to(X.device)
-        batches = [(X[idx], y[idx]) for idx in order.split(batch_size)]
+        batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
     total = 0.0
-    for xb, yb in batches:
-        model.natural_gradient_step(xb, yb, n)
+    for rows in batches:
+        if rows is None:
+            xb, yb, share = X, y, 1.0
+        else:
+            mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
+            xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
+        if comm.world_size == 1:
+            model.natural_gradient_step(xb, yb, shard.n_global)
         optimiser.zero_grad(set_to_none=True)
-        loss = model.loss(xb, yb, num_data=n)
-        if not torch.isfinite(loss):
-            raise TrainingError(f"the loss became {loss.item()}.")
+        # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
+        loss = objective(xb, yb, shard.n_global, share * comm.world_size)
+        global_loss = comm.all_reduce_sum(loss.detach() / comm.world_size)
+        if not torch.isfinite(global_loss):
+            raise TrainingError(f"the loss became {global_loss.item()}.")
         loss.backward()
         optimiser.step()
-        total += loss.item()
+        total += global_loss.item()
     return total / len(batches)
 
 
@@ -306,6 +362,18 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
         if given:
             raise ValueError(f"optimizer='lbfgs' runs to convergence without {name}; drop {name} or use "
                              "optimizer='adam'.")
+
+
+def _check_distributable(model, comm, *, optimizer, val_fraction) -> None:
+    if comm.world_size == 1:
+        return
+    unsupported = {"a full-batch model": model.full_batch, "optimizer='lbfgs'": optimizer == "lbfgs",
+                   "a loss that couples a batch's rows": not model.loss_sums_over_rows,
+                   "natural gradients": getattr(model, "natural_gradients", False), "val_fraction": val_fraction > 0}
+    for what, given in unsupported.items():
+        if given:
+            raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "
+                                      f"{model.key or type(model).__name__} in one process.")
 
 
 def _check_positive(**values) -> None:

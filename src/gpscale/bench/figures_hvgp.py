@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..kernels import RBF, Matern
+from ..kernels import RBF, Matern, median_distance
 from ..kernels.harmonic import GroupAction, OrthogonalAction, harmonic_kernels, pca_directions, subspace_negations
 from ..linalg import cholesky, solve_lower
 from ..models.hvgp import HVGP
@@ -50,7 +50,7 @@ from .plotting import out_dir, pyplot
 
 __all__ = ["SamplesSettings", "QUARTER_TURN", "symmetric_grid", "orbit_indices", "sub_processes", "samples_figure",
            "ToySettings", "toy_function", "toy_parts", "toy_data", "sub_gp_moments", "toy_figure",
-           "NystromSettings", "rotated_gaussian", "median_distance", "relative_trace_error", "nystrom_figure"]
+           "NystromSettings", "rotated_gaussian", "relative_trace_error", "nystrom_figure"]
 
 F64 = torch.float64
 QUARTER_TURN = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=F64)
@@ -343,12 +343,6 @@ def rotated_gaussian(n: int, d: int, generator: torch.Generator) -> Tensor:
     return (X - X.mean(0)) / X.std(0)
 
 
-def median_distance(X: Tensor) -> float:
-    """The median of the pairwise distances between the rows of X [n, d] (the median heuristic)."""
-    D = torch.cdist(X, X)
-    return D[torch.triu_indices(len(X), len(X), offset=1).unbind()].median().item()
-
-
 @torch.no_grad()
 def relative_trace_error(Kuu: Tensor, Kuf: Tensor, Kff_diag: Tensor, jitter: float) -> float:
     """``tr(K - Q) / tr(K)``, ``Q = sum_t K_tf K_t,uu^{-1} K_tu``, from Kuu [T, m, m], Kuf [T, m, n] and the
@@ -414,7 +408,7 @@ def nystrom_figure(out: str | Path, settings: NystromSettings | None = None) -> 
         if X is None:
             skipped.append(name)
             continue
-        lengthscale = median_distance(X)
+        lengthscale = median_distance(X, max_rows=len(X))
         kernel = Matern(X.shape[1], nu=1.5, ard=False, lengthscale=lengthscale, outputscale=1.0)
         tic = time.perf_counter()
         per_m = [_method_errors(X, kernel, M, s) for M in s.inducing]

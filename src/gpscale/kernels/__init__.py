@@ -2,8 +2,8 @@
 from .gpytorch_adapter import GPyTorchKernel
 from .separable import AdditiveMatern, ProductMatern
 from .stationary import (RBF, SOFTPLUS_ZERO, Kernel, Matern, Periodic, Stationary, Sum, inverse_softplus,
-                         make_kernel)
+                         make_kernel, median_distance)
 
 __all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "AdditiveMatern", "ProductMatern",
            "GPyTorchKernel",
-           "inverse_softplus", "make_kernel", "SOFTPLUS_ZERO"]
+           "inverse_softplus", "make_kernel", "median_distance", "SOFTPLUS_ZERO"]

@@ -35,7 +35,7 @@ from .stationary import Kernel
 __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "subspace_negations",
            "pca_negations", "CyclicShift", "OrthogonalAction", "LongitudeRotation", "sphere_embedding", "ImageRoll",
            "ImageFlip", "Product", "real_weights", "orbit_gram", "harmonic_kernels", "harmonic_kernel",
-           "check_invariant"]
+           "harmonic_gram", "check_invariant"]
 
 
 def real_weights(P: int) -> Tensor:
@@ -84,6 +84,15 @@ class GroupAction:
         """``[G^0 X, ..., G^{S-1} X]`` [S, n, d]."""
         self._check_input(X)
         return torch.stack([self._power(X, s) for s in range(self.order)])
+
+    def inverse(self, s: int) -> int:
+        """The index of ``G^{-s}``: every way's exponent negated mod its period."""
+        inverse, stride = 0, 1
+        for P in reversed(self.periods):
+            s, exponent = divmod(s, P)
+            inverse += (-exponent % P) * stride
+            stride *= P
+        return inverse
 
     def weights(self, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
         """W = W(P_1) ⊗ ... ⊗ W(P_J) [T, S]: the Kronecker product matches the row-major numbering of s."""
@@ -370,6 +379,24 @@ def harmonic_kernel(kernel: Kernel, action: GroupAction, t: int, X1: Tensor, X2:
         raise ValueError(f"Sub-kernel t={t} is outside 0..{action.n_subkernels - 1} for {action!r}.")
     K_orbit = orbit_gram(kernel, action, X1, X2)
     return torch.einsum("s,sij->ij", action.weights(K_orbit.dtype, K_orbit.device)[t], K_orbit)
+
+
+def harmonic_gram(kernel: Kernel, action: GroupAction, X: Tensor, t: int | None = None) -> Tensor:
+    """``k_t(X, X)`` [T, n, n] (or [n, n] for one t), symmetric, from half the orbit of X.
+
+    Invariance gives ``k(x, G^{-s} x') = k(G^s x, x') = k(x', G^s x)``, so K_{-s} = K_s^T, and the real weights are
+    even in s: ``k_t = sym(sum_s W[t, s] K_s)`` needs K_s only for one of s and -s, with weight 2 W[t, s] where
+    they differ. That is S / 2 + 1 kernel blocks instead of S for a cyclic group."""
+    if t is not None and not 0 <= operator.index(t) < action.n_subkernels:
+        raise ValueError(f"Sub-kernel t={t} is outside 0..{action.n_subkernels - 1} for {action!r}.")
+    half = [s for s in range(action.order) if s <= action.inverse(s)]
+    orbit = torch.stack([action.apply(X, s) for s in half])  # [H, n, d]
+    K = kernel(X, orbit.reshape(-1, X.shape[-1])).reshape(X.shape[0], len(half), X.shape[0]).movedim(1, 0)
+    W = action.weights(K.dtype, K.device)[:, half] * torch.tensor(
+        [1.0 if s == action.inverse(s) else 2.0 for s in half], dtype=K.dtype, device=K.device)
+    K_t = torch.einsum("th,hij->tij", W if t is None else W[t:t + 1], K)
+    K_t = 0.5 * (K_t + K_t.mT)
+    return K_t if t is None else K_t[0]
 
 
 def check_invariant(kernel: Kernel, action: GroupAction, X: Tensor, atol: float = 1e-10) -> None:

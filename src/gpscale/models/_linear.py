@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..distributed import LOCAL, Comm
-from ..linalg import StreamingQR, cholesky, gram, logdet_from_cholesky, solve_lower
+from ..linalg import StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
 
 __all__ = ["Statistics", "Collapsed", "accumulate", "in_memory", "collapse_cholesky", "collapse_qr",
            "residual_quad", "evidence_maximising_noise", "log_evidence", "predict_linear", "woodbury_solver"]
@@ -137,8 +137,6 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
 
     The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``.
     """
-    if comm.world_size > 1:  # pragma: no cover - the distributed issue adds the cross-process TSQR reduction
-        raise NotImplementedError("solver='qr' runs in one process; use solver='cholesky' under torchrun.")
     sigma = noise.to(CORE).sqrt()
     qr = StreamingQR()
     feature_trace = prior_trace = torch.zeros((), dtype=CORE, device=X.device)
@@ -148,10 +146,14 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
         if prior_diag is not None:
             prior_trace = prior_trace + prior_diag(Xc).sum().to(CORE)
         qr.update(torch.cat([Phi, yc.to(CORE).unsqueeze(-1)], dim=1) / sigma)
-    r = Phi.shape[1]
-    qr.update(torch.eye(r, r + 1, dtype=CORE, device=X.device))  # the prior rows [I, 0]
     R = qr.R
-    return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=X.shape[0],
+    if comm.world_size > 1:  # TSQR across processes: the R of the ranks' stacked R factors
+        R = qr_r(comm.all_gather(R))
+        feature_trace, prior_trace = comm.all_reduce_sum(feature_trace), comm.all_reduce_sum(prior_trace)
+    r = R.shape[1] - 1
+    R = qr_r(torch.cat([R, torch.eye(r, r + 1, dtype=CORE, device=X.device)]))  # the prior rows [I, 0], once
+    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=n,
                      feature_trace=feature_trace, prior_trace=prior_trace)
 
 

@@ -148,7 +148,11 @@ class VariationalGP(GPModel):
 
     def Lu(self) -> Tensor:
         """Cholesky factor of Kuu + jitter I [m, m] (or [T, m, m]), float64."""
-        Kuu = self.features.Kuu().to(CORE)
+        return self.cholesky_Kuu(self.features.Kuu())
+
+    def cholesky_Kuu(self, Kuu: Tensor) -> Tensor:
+        """The Cholesky factor of ``Kuu + jitter I`` [..., m, m] in float64."""
+        Kuu = Kuu.to(CORE)
         eye = torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
         return cholesky(Kuu + self.jitter * eye, what="inducing covariance Kuu")
 
@@ -160,16 +164,27 @@ class VariationalGP(GPModel):
         """Mean and variance [c] (or [c, C]) of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)
         (blocks summed)."""
         A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # L^{-1} Kuf, [(T,) m, c]
+        return self.marginals(X, *self.whitened_moments(A, q_mu, q_sqrt))
+
+    def whitened_moments(self, A: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(a^T m, |S^T a|^2, |a|^2)`` [(C,) c], each summed over the blocks, for A = L^{-1} Kuf [(T,) m, c]."""
         if self.n_latent > 1:
             A = A.unsqueeze(-3)  # shared by the C latent functions: [(T,) 1, m, c]
-        mean = (A * q_mu.to(X.dtype).unsqueeze(-1)).sum(-2)  # [(T,) (C,) c]
-        SA = q_sqrt.to(X.dtype).mT @ A  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
-        variance, nystrom = (SA * SA).sum(-2), (A * A).sum(-2)
-        if self.blocks is not None:
-            mean, variance, nystrom = mean.sum(0), variance.sum(0), nystrom.sum(0)
+        mean = (A * q_mu.to(A.dtype).unsqueeze(-1)).sum(-2)  # [(T,) (C,) c]
+        SA = q_sqrt.to(A.dtype).mT @ A  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
+        moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2))
+        return moments if self.blocks is None else tuple(t.sum(0) for t in moments)
+
+    def marginals(self, X: Tensor, mean: Tensor, variance: Tensor, nystrom: Tensor) -> tuple[Tensor, Tensor]:
+        """q(f(X)) [c] (or [c, C]) from :meth:`whitened_moments`."""
         # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
         variance = (self.features.Kff_diag(X) - nystrom).clamp_min(0.0) + variance
         return (mean, variance) if self.n_latent == 1 else (mean.T, variance.T)
+
+    def projects(self, X: Tensor) -> bool:
+        """Whether the ELBO on the batch X takes :meth:`projected_conditional`: float64, one latent function and
+        m at most half the batch."""
+        return X.dtype == CORE and self.n_latent == 1 and 2 * self.q_mu.shape[-1] <= X.shape[0]
 
     def projected_conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """The moments of :meth:`conditional`, with the m x m algebra done once per batch:
@@ -194,8 +209,7 @@ class VariationalGP(GPModel):
     def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
         """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points."""
         q_sqrt = self.q_sqrt
-        projected = X.dtype == CORE and self.n_latent == 1 and 2 * self.q_mu.shape[-1] <= X.shape[0]
-        conditional = self.projected_conditional if projected else self.conditional
+        conditional = self.projected_conditional if self.projects(X) else self.conditional
         mean, var = conditional(X, self.Lu(), self.q_mu, q_sqrt)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()
         return (num_data / X.shape[0]) * expected.to(CORE) - self.prior_kl(q_sqrt)

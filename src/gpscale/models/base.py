@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..kernels import SOFTPLUS_ZERO, Kernel, make_kernel
+from ..kernels import SOFTPLUS_ZERO, Kernel, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["GPModel", "register", "get_model_class", "available_methods", "NotFittedPosteriorError"]
@@ -52,7 +52,10 @@ class GPModel(nn.Module):
         n_features: input dimension d.
         kernel: ``'rbf'``, ``'matern12'``, ``'matern32'``, ``'matern52'`` or a :class:`~gpscale.kernels.Kernel`.
         ard: one lengthscale per input dimension.
-        lengthscale, outputscale: initial kernel hyperparameters (default ln 2 = softplus(0), as GPyTorch).
+        lengthscale, outputscale: initial kernel hyperparameters (default ln 2 = softplus(0), as GPyTorch);
+            ``lengthscale='median'`` starts every lengthscale at the median distance between training inputs (the
+            median heuristic, set by :meth:`initialise`): needed where inputs lie far apart in the kernel's units,
+            as images do, because at ln 2 k(x, z) underflows to ~0 and no gradient reaches the lengthscale.
         noise: initial noise variance of standardised y (default ln 2); fixed if ``learn_noise=False``.
         noise_floor: lower bound of a learned noise variance.
         likelihood: ``'gaussian'``, or ``'bernoulli'`` (probit; labels -1 / +1) for the methods whose objective
@@ -61,7 +64,9 @@ class GPModel(nn.Module):
         n_classes: the number of classes of a multiclass likelihood.
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
-    Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds), and
+    Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds),
+    ``loss_sums_over_rows = False`` when a minibatch's loss couples its rows (then the losses of a batch's parts
+    do not add up to the batch's, which data-parallel training relies on), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
     whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
@@ -72,6 +77,7 @@ class GPModel(nn.Module):
     sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
+    loss_sums_over_rows: bool = True  # the minibatch loss is a sum over its rows plus a term of the parameters
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
 
@@ -81,7 +87,7 @@ class GPModel(nn.Module):
         *,
         kernel: str | Kernel = "rbf",
         ard: bool = True,
-        lengthscale: float = SOFTPLUS_ZERO,
+        lengthscale: float | str = SOFTPLUS_ZERO,
         outputscale: float = SOFTPLUS_ZERO,
         noise: float = SOFTPLUS_ZERO,
         learn_noise: bool = True,
@@ -93,11 +99,17 @@ class GPModel(nn.Module):
         super().__init__()
         self.n_features = int(n_features)
         self.chunk_size = int(chunk_size)
+        if isinstance(lengthscale, str) and lengthscale != "median":
+            raise ValueError(f"lengthscale must be a positive number or 'median', got {lengthscale!r}.")
+        self.median_lengthscale = lengthscale == "median"
         if isinstance(kernel, Kernel):
             self.kernel = kernel
         else:
-            self.kernel = make_kernel(kernel, self.n_features, ard=ard, lengthscale=lengthscale,
-                                      outputscale=outputscale)
+            self.kernel = make_kernel(kernel, self.n_features, ard=ard, outputscale=outputscale,
+                                      lengthscale=SOFTPLUS_ZERO if self.median_lengthscale else lengthscale)
+        if self.median_lengthscale and not hasattr(self.kernel, "raw_lengthscale"):
+            raise ValueError(f"lengthscale='median' sets the lengthscale of a stationary kernel on the inputs; "
+                             f"{type(self.kernel).__name__} has none. Pass a number instead.")
         if likelihood in LIKELIHOODS and likelihood not in self.likelihoods:
             raise ValueError(f"Method {self.key or type(self).__name__!r} supports the likelihoods "
                              f"{self.likelihoods}, not {likelihood!r}; for a Bernoulli likelihood use a variational "
@@ -108,6 +120,14 @@ class GPModel(nn.Module):
         self.cache: dict[str, Tensor] = {}
 
     # --- the contract -----------------------------------------------------------------------------------
+    def initialise(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+        """Start training on (X, y): the median-heuristic lengthscale if asked for, then :meth:`init`."""
+        if self.median_lengthscale:
+            with torch.no_grad():
+                ls = inverse_softplus(median_distance(X, seed=seed))
+                self.kernel.raw_lengthscale.fill_(ls.item())
+        self.init(X, y, seed)
+
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
 

@@ -349,6 +349,8 @@ class SVDBK(DeepBasisModel):
     def __init__(self, n_features: int, **kwargs):
         super().__init__(n_features, **kwargs)
         r = self.n_basis
+        # the correction's k_max is the batch's maximum, which couples the batch's rows
+        self.loss_sums_over_rows = not self.correction
         self.q_mu = nn.Parameter(torch.zeros(r))
         self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
         self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))
@@ -394,9 +396,7 @@ class SVDBK(DeepBasisModel):
         # q(w) is the posterior; the correction also needs the training k_max (spec §9.4)
         self.cache = {"q_mu": self.q_mu.detach().to(CORE), "q_sqrt": self.q_sqrt.detach().to(CORE)}
         if self.correction:
-            if comm.world_size > 1:  # pragma: no cover - needs a max-reduction, which Comm does not have yet
-                raise NotImplementedError("The corrected SVDBK posterior needs k_max over all processes.")
-            self.cache["k_max"] = self.max_prior_variance(X)
+            self.cache["k_max"] = comm.all_reduce_max(self.max_prior_variance(X))
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` [c] (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""

@@ -13,18 +13,33 @@ With ``shared_inducing=True`` every block uses the same Z (the paper's TRAN-S): 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from ..kernels import Kernel
 from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
-                                Product, check_invariant, harmonic_kernel, harmonic_kernels, orbit_gram,
+                                Product, check_invariant, harmonic_gram, orbit_gram,
                                 pca_directions, subspace_negations)
+from ..linalg import solve_lower
 from ._variational import InducingFeatures, VariationalGP
 from .base import register
 from .inducing import kmeans_centers
 
 __all__ = ["HarmonicFeatures", "HVGP"]
+
+
+ALL = slice(None)
+
+
+def kernel_on(kernel: Kernel, device: torch.device):
+    """k with its hyperparameters copied, differentiably, to ``device``: the kernel itself where they are there."""
+    state = dict(kernel.named_parameters()) | dict(kernel.named_buffers())
+    if all(t.device == device for t in state.values()):
+        return kernel
+    moved = {name: t.to(device) for name, t in state.items()}
+    return lambda X1, X2: torch.func.functional_call(kernel, moved, (X1, X2))
 
 
 class HarmonicFeatures(InducingFeatures):
@@ -46,23 +61,28 @@ class HarmonicFeatures(InducingFeatures):
         self.shared = bool(shared)
         self.Z = nn.Parameter(torch.zeros(m, d) if shared else torch.zeros(self.blocks, m, d))
 
-    def Kuf(self, X: Tensor) -> Tensor:
-        """``k_t(Z_t, X)`` [T, m, c]: the sub-kernel of each block, never k (spec §8 pitfall 7); the orbit is
-        taken of Z (k_t is symmetric), so its size does not grow with the batch."""
+    def Kuf(self, X: Tensor, blocks: slice = ALL) -> Tensor:
+        """``k_t(Z_t, X)`` [T, m, c] for the blocks t in ``blocks``, on X's device: the sub-kernel of each block,
+        never k (spec §8 pitfall 7); the orbit is taken of Z (k_t is symmetric), so its size does not grow with
+        the batch."""
+        kernel = kernel_on(self.kernel, X.device)
+        W = self.action.weights(X.dtype, X.device)[blocks]
         if self.shared:  # one orbit serves every block
-            return harmonic_kernels(self.kernel, self.action, X, self.Z).mT
-        T, m, d = self.Z.shape  # every block's orbit in one kernel evaluation; block t takes row t of W
-        K = orbit_gram(self.kernel, self.action, X, self.Z.reshape(T * m, d)).reshape(-1, X.shape[0], T, m)
-        return torch.einsum("ts,sctm->tmc", self.action.weights(K.dtype, K.device), K)
+            return torch.einsum("ts,sij->tji", W, orbit_gram(kernel, self.action, X, self.Z.to(X.device)))
+        Z = self.Z[blocks].to(X.device)  # every block's orbit in one kernel evaluation; block t takes row t of W
+        T, m, d = Z.shape
+        K = orbit_gram(kernel, self.action, X, Z.reshape(T * m, d)).reshape(-1, X.shape[0], T, m)
+        return torch.einsum("ts,sctm->tmc", W, K)
 
-    def Kuu(self) -> Tensor:
-        """``k_t(Z_t, Z_t)`` [T, m, m], symmetrised: k_t is symmetric only through the kernel's invariance, which
-        round-off breaks slightly, and Cholesky reads one triangle (spec §8 pitfall 6)."""
+    def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
+        """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the
+        orbit and symmetric by construction (Cholesky reads one triangle; spec §8 pitfall 6)."""
+        device = self.Z.device if device is None else device
+        kernel = kernel_on(self.kernel, device)
         if self.shared:
-            Kuu = harmonic_kernels(self.kernel, self.action, self.Z, self.Z)
-        else:  # each block against its own orbit only
-            Kuu = torch.stack([harmonic_kernel(self.kernel, self.action, t, Zt, Zt) for t, Zt in enumerate(self.Z)])
-        return 0.5 * (Kuu + Kuu.mT)
+            return harmonic_gram(kernel, self.action, self.Z.to(device))[blocks]
+        ts = range(self.blocks)[blocks]  # each block against its own orbit only
+        return torch.stack([harmonic_gram(kernel, self.action, Zt, t) for t, Zt in zip(ts, self.Z[blocks].to(device))])
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)
@@ -126,6 +146,10 @@ class HVGP(VariationalGP):
         image_shape, step: the images' (height, width) and the roll's step for the image groups (default (28, 28)
             and 4).
         shared_inducing: one Z for every block (the paper's TRAN-S), else one per block.
+        devices: place the blocks on these devices (e.g. ``['cuda:0', 'cuda:1']``), in contiguous groups of
+            near-equal size: each group's K_uu, Cholesky factor, K_uf and solves run on its device, and only the
+            [c]-sized moments return to the model's device, where the parameters stay (the paper runs its 8 x M
+            models on 8 GPUs). Each step copies the groups' Z and q there: T m (d + m) numbers.
         kernel: default ``'matern32'`` with ``ard=False``: a shared lengthscale keeps the kernel invariant under
             rotations and PCA negations; an ARD kernel is refused where it is not invariant.
         **kwargs: ``jitter`` and the options of :class:`GPModel`.
@@ -135,7 +159,7 @@ class HVGP(VariationalGP):
 
     def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "pca_negation",
                  n_ways: int = 3, period: int = 12, image_shape: tuple[int, int] = (28, 28), step: int = 4,
-                 shared_inducing: bool = False, **kwargs):
+                 shared_inducing: bool = False, devices: Sequence[str | torch.device] | None = None, **kwargs):
         kwargs.setdefault("kernel", "matern32")
         kwargs.setdefault("ard", False)
         chunk_given = "chunk_size" in kwargs
@@ -153,6 +177,10 @@ class HVGP(VariationalGP):
         self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
                                          shared=shared_inducing)
         self.init_variational(self.n_inducing, blocks=self.features.blocks)
+        self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
+        if self.devices is not None and not 1 <= len(self.devices) <= self.features.blocks:
+            raise ValueError(f"devices must list 1 to T = {self.features.blocks} devices (one group of blocks "
+                             f"each), got {len(self.devices)}.")
         self.register_load_state_dict_post_hook(_rebuild_after_load)
         if not chunk_given:
             # a chunk's kernel against every block's orbit is [c, S T m]: keep it near 2^22 entries (32 MB in
@@ -160,6 +188,31 @@ class HVGP(VariationalGP):
             # (one [8192, 21000] kernel block is 1.4 GB)
             orbit_points = self.features.action.order * self.features.num_inducing
             self.chunk_size = int(max(64, min(self.chunk_size, 2**22 // orbit_points)))
+
+    # --- blocks placed on several devices --------------------------------------------------------------------
+    def placement(self) -> list[tuple[slice, torch.device]]:
+        """The blocks of each device in :attr:`devices`: contiguous groups whose sizes differ by at most one."""
+        bounds = torch.linspace(0, self.features.blocks, len(self.devices) + 1).round().long().tolist()
+        return [(slice(a, b), device) for a, b, device in zip(bounds, bounds[1:], self.devices)]
+
+    def Lu(self) -> Tensor | list[Tensor]:
+        """The factors of K_uu [T, m, m]; placed, one [T_g, m, m] per group, on its device."""
+        if self.devices is None:
+            return super().Lu()
+        return [self.cholesky_Kuu(self.features.Kuu(blocks, device)) for blocks, device in self.placement()]
+
+    def conditional(self, X: Tensor, Lu, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
+        if self.devices is None:
+            return super().conditional(X, Lu, q_mu, q_sqrt)
+        moments = []
+        for (blocks, device), L in zip(self.placement(), Lu):
+            A = solve_lower(L.to(X.dtype), self.features.Kuf(X.to(device), blocks))
+            group = self.whitened_moments(A, q_mu[blocks].to(device), q_sqrt[blocks].to(device))
+            moments.append([t.to(X.device) for t in group])
+        return self.marginals(X, *(sum(parts) for parts in zip(*moments)))
+
+    def projects(self, X: Tensor) -> bool:
+        return self.devices is None and super().projects(X)
 
     def _action(self) -> GroupAction:
         if isinstance(self.group, GroupAction):

@@ -1,0 +1,179 @@
+"""Data-parallel training on 2 gloo processes equals one process on the concatenated shards (DESIGN.md,
+Distributed): the same global batches, the ranks' losses summing to the global loss, gradients summed by
+DistributedDataParallel, initialisation on rank 0 broadcast, closed-form posteriors reduced across ranks."""
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gpscale.distributed import LOCAL, LocalComm, TorchComm
+from gpscale.models import get_model_class
+from gpscale.train import Shard, fit
+
+F64 = torch.float64
+WORLD = 2
+N, D = 97, 2  # shards of 49 and 48 rows: unequal on purpose
+FIT = dict(epochs=2, batch_size=32, lr=0.02, seed=3, progress=False)
+
+# method -> options; the minibatch methods (DistributedDataParallel) and their closed-form posterior passes
+METHODS = {
+    "svgp": dict(n_inducing=6),
+    "hvgp": dict(n_inducing=4, group="pca_negation", n_ways=1),
+    "vff-svgp": dict(n_frequencies=4, natural_gradients=False),
+    "svdbk": dict(n_basis=6, network="mlp", depth=1, width=8, correction=False),
+    "odvgp": dict(n_inducing=5, n_mean_inducing=8, natural_gradients=False),
+}
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(N + 20, D, generator=g, dtype=F64)
+    y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(N + 20, generator=g, dtype=F64)
+    return X[:N], y[:N], X[N:]
+
+
+def shards():
+    return np.array_split(np.arange(N), WORLD)
+
+
+def make(method):
+    torch.manual_seed(1)  # the same network initialisation in every process (SVDBK)
+    return get_model_class(method)(D, **METHODS[method]).double()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, port, method, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        comm = TorchComm()
+        X, y, X_test = data()
+        rows = shards()[rank]
+        model = make(method)
+        fit(model, X[rows], y[rows], comm=comm, **FIT)
+        mean, var = model.predict(X_test)
+        torch.save({"state": model.state_dict(), "mean": mean, "var": var}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(method, tmp_path):
+    out = str(tmp_path / method)
+    mp.spawn(_worker, args=(free_port(), method, out), nprocs=WORLD, join=True)
+    return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
+
+
+def run_one_process(method):
+    """One process on all rows, initialised as the job is: on rank 0's shard."""
+    X, y, X_test = data()
+    model = make(method)
+    torch.manual_seed(FIT["seed"])
+    rank0 = shards()[0]
+    model.initialise(X[rank0], y[rank0], seed=FIT["seed"])
+    model.initialise = lambda *args, **kwargs: None
+    fit(model, X, y, **FIT)
+    mean, var = model.predict(X_test)
+    return {"state": model.state_dict(), "mean": mean, "var": var}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_two_processes_train_and_predict_as_one(method, tmp_path):
+    ranks = run_distributed(method, tmp_path)
+    single = run_one_process(method)
+    for rank in ranks:
+        for name, value in single["state"].items():
+            if torch.is_tensor(value):
+                torch.testing.assert_close(rank["state"][name], value, rtol=1e-9, atol=1e-10, msg=name)
+        torch.testing.assert_close(rank["mean"], single["mean"], rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(rank["var"], single["var"], rtol=1e-9, atol=1e-10)
+
+
+def _estimator_worker(rank, port, out):
+    import os
+
+    from gpscale import GPRegressor
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        X, y, X_test = data()
+        rows = shards()[rank]
+        reg = GPRegressor(method="svgp", n_inducing=6, epochs=2, batch_size=32, progress=False, distributed=True)
+        reg.fit(X[rows].numpy(), y[rows].numpy())
+        reg.save(f"{out}.model{rank}")
+        torch.save({"scaling": (reg.x_mean_, reg.x_std_, reg.y_mean_, reg.y_std_),
+                    "mean": reg.predict(X_test.numpy())}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_estimator_scales_with_global_statistics_and_rank_0_saves(tmp_path):
+    from gpscale import GPRegressor
+
+    out = str(tmp_path / "reg")
+    mp.spawn(_estimator_worker, args=(free_port(), out), nprocs=WORLD, join=True)
+    ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
+    X, y, X_test = data()
+    expected = (X.numpy().mean(0), X.numpy().std(0), float(y.mean()), float(y.numpy().std()))
+    for rank in ranks:
+        for ours, reference in zip(rank["scaling"], expected):
+            np.testing.assert_allclose(ours, reference, rtol=1e-13)
+        np.testing.assert_array_equal(rank["mean"], ranks[0]["mean"])
+    np.testing.assert_allclose(GPRegressor.load(f"{out}.model0").predict(X_test.numpy()), ranks[0]["mean"],
+                               rtol=1e-12)
+    assert not (tmp_path / "reg.model1").exists()  # rank 1 holds the same model and writes nothing
+
+
+def test_shards_cover_the_global_rows_in_rank_order():
+    assert Shard.of(10, LOCAL) == Shard(offset=0, n=10, n_global=10)
+
+
+def test_one_process_refuses_what_data_parallelism_does_not_support_yet():
+    class TwoRanks(LocalComm):
+        world_size = 2
+
+    X, y, _ = data()
+    with pytest.raises(NotImplementedError, match="full-batch"):
+        fit(get_model_class("sgpr")(D, n_inducing=4).double(), X, y, comm=TwoRanks(), progress=False)
+    for coupled in (get_model_class("softki")(D, n_inducing=4), get_model_class("svdbk")(D, n_basis=4)):
+        with pytest.raises(NotImplementedError, match="couples a batch's rows"):
+            fit(coupled.double(), X, y, comm=TwoRanks(), progress=False)
+    with pytest.raises(NotImplementedError, match="natural gradients"):
+        fit(get_model_class("odvgp")(D, n_inducing=4).double(), X, y, comm=TwoRanks(), progress=False)
+
+
+def test_torch_comm_needs_an_initialised_group_and_from_env_needs_torchrun(monkeypatch):
+    with pytest.raises(RuntimeError, match="not initialised"):
+        TorchComm()
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        TorchComm.from_env()
+
+
+def test_the_command_line_trains_under_torchrun(tmp_path):
+    import subprocess
+    import sys
+
+    from gpscale import GPRegressor
+
+    X, y, X_test = data()
+    table = tmp_path / "train.csv"
+    np.savetxt(table, np.c_[X.numpy(), y.numpy()], delimiter=",", header="a,b,y", comments="")
+    model = tmp_path / "model.gps"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+               "-m", "gpscale", "fit", str(table), "--target", "y", "--method", "svgp", "--n-inducing", "6",
+               "--epochs", "2", "--batch-size", "32", "--quiet", "--distributed", "-o", str(model)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"on {N} rows x 2 features" in done.stdout and f"({WORLD} processes)" in done.stdout
+    assert np.isfinite(GPRegressor.load(model).predict(X_test.numpy())).all()

@@ -39,7 +39,8 @@ class Comm:
         raise NotImplementedError
 
     def all_gather(self, tensor: Tensor) -> Tensor:  # pragma: no cover - interface
-        """Every process's ``tensor`` [n_r, ...] concatenated along dim 0 in rank order (n_r may differ)."""
+        """Every process's ``tensor`` [n_r, ...] concatenated along dim 0 in rank order (n_r may differ);
+        differentiable."""
         raise NotImplementedError
 
     def barrier(self) -> None:  # pragma: no cover - interface
@@ -102,13 +103,7 @@ class TorchComm(Comm):
         return cls()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
-        if tensor.requires_grad:
-            from torch.distributed.nn.functional import all_reduce
-
-            return all_reduce(tensor, group=self.group or self._dist.group.WORLD)
-        out = tensor.clone()
-        self._dist.all_reduce(out, group=self.group)
-        return out
+        return _AllReduceSum.apply(tensor, self)
 
     def all_reduce_max(self, tensor: Tensor) -> Tensor:
         out = tensor.detach().clone()
@@ -120,18 +115,53 @@ class TorchComm(Comm):
         return tensor
 
     def all_gather(self, tensor: Tensor) -> Tensor:
-        # the collective needs equal shapes: pad every part to the longest, then cut each back
         sizes = torch.zeros(self.world_size, dtype=torch.long, device=tensor.device)
         sizes[self.rank] = tensor.shape[0]
-        sizes = self.all_reduce_sum(sizes).tolist()
+        return _AllGather.apply(tensor, self, self.all_reduce_sum(sizes).tolist())
+
+    def _gather(self, tensor: Tensor, sizes: list[int]) -> Tensor:
+        # the collective needs equal shapes: pad every part to the longest, then cut each back
         padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        self._dist.all_gather(parts, padded.contiguous(), group=self.group)
+        self._dist.all_gather(parts, padded, group=self.group)
         return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    def _sum(self, tensor: Tensor) -> Tensor:
+        out = tensor.detach().clone().contiguous()
+        self._dist.all_reduce(out, group=self.group)
+        return out
 
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """y = sum_r x_r on every process. Each process's loss depends on y, so d(sum of losses)/d x_r is the sum over
+    processes of dL_p/dy: the backward pass is an all-reduce too."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, comm: TorchComm) -> Tensor:
+        ctx.comm = comm
+        return comm._sum(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return ctx.comm._sum(grad), None
+
+
+class _AllGather(torch.autograd.Function):
+    """y = [x_0; x_1; ...] on every process; the gradient for x_r is its rows of the summed upstream gradients."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, comm: TorchComm, sizes: list[int]) -> Tensor:
+        ctx.comm, ctx.sizes = comm, sizes
+        return comm._gather(tensor.detach().contiguous(), sizes)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        first = sum(ctx.sizes[: ctx.comm.rank])
+        return ctx.comm._sum(grad)[first:first + ctx.sizes[ctx.comm.rank]], None, None
 
 
 def broadcast_state(module: nn.Module, comm: Comm, src: int = 0) -> None:

@@ -106,8 +106,8 @@ def fit(
             ``batch_size``, of which each rank evaluates the rows it holds; the ranks' losses, weighted by their
             share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
             So the trained model equals the one-process fit on the concatenated shards, to round-off. Rank 0
-            alone writes the checkpoint. Not yet: full-batch models, losses that couple a batch's rows (SoftKI),
-            natural gradients, validation, L-BFGS.
+            alone writes the checkpoint. Full-batch models all-reduce their statistics inside the loss (each
+            rank's share is 1 / W). Not yet: models with ``data_parallel = None``, validation, L-BFGS.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -174,9 +174,11 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
     shard = Shard.of(X.shape[0], comm)
     objective = _Objective(model)
     if comm.world_size > 1:
-        # empty parameters (e.g. gamma [0, d] without a mean basis) never get a gradient: DDP must look for them
-        empty = any(p.numel() == 0 for p in model.parameters() if p.requires_grad)
-        objective = DistributedDataParallel(objective, find_unused_parameters=empty)
+        # DDP must look for parameters without a gradient: empty ones (gamma [0, d] without a mean basis) and those
+        # that natural-gradient steps move outside the loss
+        trained = {id(p) for group in model.parameter_groups() for p in group["params"] if p.numel()}
+        unused = any(id(p) not in trained for p in model.parameters() if p.requires_grad)
+        objective = DistributedDataParallel(objective, find_unused_parameters=unused)
     bar = tqdm(range(first, epochs), desc=model.key or "fit", unit="epoch", leave=False,
                disable=not (progress and sys.stderr.isatty() and comm.rank == 0))
     for epoch in bar:
@@ -252,7 +254,9 @@ class _Objective(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float) -> Tensor:
+    def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float, comm: Comm) -> Tensor:
+        if self.model.data_parallel == "statistics":
+            return weight * self.model.loss(X, y, num_data=num_data, comm=comm)
         if X.shape[0] == 0:  # no rows of this batch here: a zero that still reaches every parameter, with a
             # separate zero gradient tensor each (sum(p.sum()) * 0 would hand 0-dim parameters views of one tensor,
             # which DistributedDataParallel's bucket copies then mix up)
@@ -268,16 +272,15 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
         batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
     total = 0.0
     for rows in batches:
-        if rows is None:
-            xb, yb, share = X, y, 1.0
+        if rows is None:  # every rank holds its rows of one loss, whose statistics the model all-reduces
+            xb, yb, share = X, y, 1.0 / comm.world_size
         else:
             mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
             xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
-        if comm.world_size == 1:
-            model.natural_gradient_step(xb, yb, shard.n_global)
+        model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
         optimiser.zero_grad(set_to_none=True)
         # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
-        loss = objective(xb, yb, shard.n_global, share * comm.world_size)
+        loss = objective(xb, yb, shard.n_global, share * comm.world_size, comm)
         global_loss = comm.all_reduce_sum(loss.detach() / comm.world_size)
         if not torch.isfinite(global_loss):
             raise TrainingError(f"the loss became {global_loss.item()}.")
@@ -367,9 +370,9 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
 def _check_distributable(model, comm, *, optimizer, val_fraction) -> None:
     if comm.world_size == 1:
         return
-    unsupported = {"a full-batch model": model.full_batch, "optimizer='lbfgs'": optimizer == "lbfgs",
-                   "a loss that couples a batch's rows": not model.loss_sums_over_rows,
-                   "natural gradients": getattr(model, "natural_gradients", False), "val_fraction": val_fraction > 0}
+    unsupported = {"optimizer='lbfgs'": optimizer == "lbfgs",
+                   f"{model.key or type(model).__name__}'s loss, which couples its rows": model.data_parallel is None,
+                   "val_fraction": val_fraction > 0}
     for what, given in unsupported.items():
         if given:
             raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "

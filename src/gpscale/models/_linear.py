@@ -157,18 +157,20 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
                      feature_trace=feature_trace, prior_trace=prior_trace)
 
 
-def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *, chunk_size: int) -> Tensor:
+def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *, chunk_size: int,
+                  comm: Comm = LOCAL) -> Tensor:
     """``y^T (Phi Phi^T + sigma^2 I)^{-1} y`` in residual form, for features Phi [n, r] held in memory:
 
         quad = (||y - Phi mu||^2 + sigma^2 ||mu||^2) / sigma^2,    mu = E[w | y] [r].
 
     Both terms are non-negative, so nothing cancels, unlike ``yy / sigma^2 - c^T c`` (two numbers of order
     n / sigma^2 whose difference can be O(1) when sigma^2 is tiny). An error in mu enters only to second order,
-    because mu minimises the numerator. Differentiable; rows are cast to float64 one chunk at a time.
+    because mu minimises the numerator. Differentiable; rows are cast to float64 one chunk at a time, and the
+    residual sum is reduced over processes by ``comm``.
     """
     s2 = noise.to(CORE)
-    rss = sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
-              for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size)))
+    rss = comm.all_reduce_sum(sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
+                                  for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size))))
     return (rss + s2 * (weight_mean @ weight_mean)) / s2
 
 

@@ -352,14 +352,16 @@ class OrthogonallyDecoupledGP(GPModel):
         return -self._elbo_at(X, y, num_data, m, L) / num_data
 
     # --- natural gradients --------------------------------------------------------------------------------
-    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int) -> None:
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+                              share: float = 1.0) -> None:
         """One natural-gradient step of size ``natgrad_step`` on q(beta) = N(m, S), the rest fixed (spec §5.2):
 
             theta_1 = S^{-1} m + rho (g_m - 2 g_S m),    theta_2 = -1/2 S^{-1} + rho g_S,
             S <- (-2 theta_2)^{-1},    m <- S theta_1,
 
         with g_m, g_S the ELBO's gradients with respect to m and S (symmetrised). A step whose -2 theta_2 is
-        not positive definite is halved, at most 10 times; then (m, S) stay."""
+        not positive definite is halved, at most 10 times; then (m, S) stay. Under data parallelism the global
+        batch's gradients are the sum over processes of ``share`` times each process's."""
         if not self.natural_gradients:
             return
         with torch.no_grad():
@@ -368,8 +370,12 @@ class OrthogonallyDecoupledGP(GPModel):
             S = (L @ L.T).requires_grad_(True)
         # log|S| enters as a constant: its gradient 1/2 S^{-1} is added below, which saves differentiating a
         # Cholesky factorisation of S
-        elbo = self._elbo(X, y, num_data, m, S, logdet_from_cholesky(L))
-        g_m, g_S = torch.autograd.grad(elbo, [m, S])
+        if X.shape[0]:
+            elbo = self._elbo(X, y, num_data, m, S, logdet_from_cholesky(L))
+            g_m, g_S = (share * g for g in torch.autograd.grad(elbo, [m, S]))
+        else:  # none of the global batch's rows are here
+            g_m, g_S = torch.zeros_like(m), torch.zeros_like(S)
+        g_m, g_S = comm.all_reduce_sum(g_m), comm.all_reduce_sum(g_S)
         with torch.no_grad():
             S_inv = torch.cholesky_inverse(L)
             g_S = 0.5 * (g_S + g_S.T) + 0.5 * S_inv

@@ -65,8 +65,10 @@ class GPModel(nn.Module):
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds),
-    ``loss_sums_over_rows = False`` when a minibatch's loss couples its rows (then the losses of a batch's parts
-    do not add up to the batch's, which data-parallel training relies on), and
+    ``data_parallel`` to say how their loss splits over processes that hold shards of the rows (``'rows'``: a
+    minibatch loss that is a sum over its rows plus a term of the parameters, so the parts of a batch add up;
+    ``'statistics'``: a full-batch loss of sufficient statistics, which ``loss(X, y, num_data, comm)`` all-reduces;
+    None: it does not split), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
     whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
@@ -77,7 +79,7 @@ class GPModel(nn.Module):
     sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
-    loss_sums_over_rows: bool = True  # the minibatch loss is a sum over its rows plus a term of the parameters
+    data_parallel: str | None = "rows"
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
 
@@ -143,9 +145,12 @@ class GPModel(nn.Module):
         """Latent posterior mean and variance [c] at the rows of X [c, d], from ``self.cache``."""
         raise NotImplementedError
 
-    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int) -> None:
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+                              share: float = 1.0) -> None:
         """A step on the variational parameters that the optimiser does not see, taken before each of its steps
-        on the same minibatch. Default: nothing."""
+        on the same minibatch. Under data parallelism (X, y) are this process's ``share`` of the global batch, and
+        the step must reduce its gradients through ``comm`` so that every process takes the same step. Default:
+        nothing."""
 
     # --- shared machinery -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -265,6 +265,7 @@ class DBK(DeepBasisModel):
     """
 
     full_batch = True
+    data_parallel = None  # the correction's k_max and the network's rows are not reduced across processes yet
 
     def features(self, X: Tensor) -> Tensor:
         """Phi = phi(X) [n, r], computed ``chunk_size`` rows at a time."""
@@ -350,7 +351,7 @@ class SVDBK(DeepBasisModel):
         super().__init__(n_features, **kwargs)
         r = self.n_basis
         # the correction's k_max is the batch's maximum, which couples the batch's rows
-        self.loss_sums_over_rows = not self.correction
+        self.data_parallel = None if self.correction else "rows"
         self.q_mu = nn.Parameter(torch.zeros(r))
         self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
         self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))

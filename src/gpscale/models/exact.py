@@ -19,6 +19,7 @@ class ExactGP(GPModel):
     """
 
     full_batch = True
+    data_parallel = None  # K is n x n over every process's rows
 
     def Ky(self, X: Tensor) -> Tensor:
         """``K + sigma^2 I`` [n, n]."""

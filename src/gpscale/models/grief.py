@@ -212,6 +212,7 @@ class GRIEF(GPModel):
     """
 
     full_batch = True
+    data_parallel = "statistics"
 
     def __init__(self, n_features: int, n_eigen: int | None = None, grid_size: int = 10,
                  init_exact_points: int = 1000, init_iterations: int = 100, jitter: float = 1e-12, *,
@@ -351,17 +352,18 @@ class GRIEF(GPModel):
         return _linear.woodbury_solver(self.features(X), self.noise)
 
     # --- training -----------------------------------------------------------------------------------------
-    def log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
+    def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (eq. 18 with W = I; float64 scalar, differentiable in every
         hyperparameter), with the engine's cancellation-free data fit (pitfall 8)."""
         Phi, y = self.features(X), y.to(CORE)
-        stats = _linear.accumulate(_linear.in_memory, Phi, y, chunk_size=self.chunk_size, recompute=False)
+        stats = _linear.accumulate(_linear.in_memory, Phi, y, chunk_size=self.chunk_size, recompute=False,
+                                   comm=comm)
         post = _linear.collapse_cholesky(stats, self.noise)
-        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size)
+        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size, comm=comm)
         return _linear.log_evidence(replace(post, quad=quad), self.noise)
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        return -self.log_marginal_likelihood(X, y) / num_data
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+        return -self.log_marginal_likelihood(X, y, comm) / num_data
 
     # --- posterior ----------------------------------------------------------------------------------------
     @torch.no_grad()

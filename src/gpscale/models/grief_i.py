@@ -166,6 +166,7 @@ class GRIEFI(GRIEF):
     """
 
     trainable = False
+    data_parallel = None  # the MALA chains of fit_posterior run in one process
     posterior_options = ("solver", "n_iterations", "burn_in", "thin", "n_chains", "step_size", "tune", "jacobian",
                          "weight_prior_variance", "noise_prior_variance")
 

@@ -35,6 +35,7 @@ class CollapsedGP(GPModel):
     """
 
     full_batch = True
+    data_parallel = "statistics"
 
     def __init__(self, n_features: int, solver: str = "auto", **kwargs):
         super().__init__(n_features, **kwargs)
@@ -85,8 +86,8 @@ class CollapsedGP(GPModel):
         trace_term = (post.prior_trace - post.feature_trace) / self.noise.to(_linear.CORE)
         return _linear.log_evidence(post, self.noise) - 0.5 * trace_term
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        return -self.elbo(X, y) / num_data
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+        return -self.elbo(X, y, comm) / num_data
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:

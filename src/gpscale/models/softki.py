@@ -130,7 +130,7 @@ class SoftKI(GPModel):
     """
 
     posterior_options = ("calibrate_noise",)
-    loss_sums_over_rows = False  # each batch's own marginal likelihood
+    data_parallel = None  # each batch's own marginal likelihood couples its rows
 
     def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
                  solver: str = "qr", calibrate_noise: str | None = None, *, ard: bool = False, noise: float = 1e-3,

@@ -367,13 +367,14 @@ def _read_csv(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[list[str], n
     ``shard=(rank, world_size)``: only that process's contiguous block of the data rows is parsed (the blocks of
     ranks 0, 1, ... in order are the file's rows), so each process holds only its part in memory.
     """
+    from .shards import row_blocks
+
     rank, world_size = shard
     with open(path, newline="") as f:
         n_rows = sum(1 for _ in csv.reader(f)) - 1
     if n_rows < 1:
         raise ValueError(f"{path} needs a header row and at least one data row.")
-    bounds = np.linspace(0, n_rows, world_size + 1).round().astype(int)
-    first, last = bounds[rank], bounds[rank + 1]
+    first, last = row_blocks(n_rows, world_size)[rank:rank + 2]
     with open(path, newline="") as f:
         reader = csv.reader(f)
         names = [n.strip() for n in next(reader)]

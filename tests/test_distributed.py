@@ -57,7 +57,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, port, method, out):
+def _worker(rank, port, method, out, options=None):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
@@ -65,16 +65,17 @@ def _worker(rank, port, method, out):
         X, y, X_test = data()
         rows = shards()[rank]
         model = make(method)
-        fit(model, X[rows], y[rows], comm=comm, **FIT)
+        result = fit(model, X[rows], y[rows], comm=comm, **{**FIT, **(options or {})})
         mean, var = model.predict(X_test)
-        torch.save({"state": model.state_dict(), "mean": mean, "var": var}, f"{out}.{rank}")
+        torch.save({"state": model.state_dict(), "mean": mean, "var": var, "history": result.history},
+                   f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-def run_distributed(method, tmp_path):
+def run_distributed(method, tmp_path, options=None):
     out = str(tmp_path / method)
-    mp.spawn(_worker, args=(free_port(), method, out), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), method, out, options), nprocs=WORLD, join=True)
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
 
 
@@ -107,6 +108,15 @@ def test_two_processes_train_and_predict_as_one(method, tmp_path):
                 torch.testing.assert_close(rank["state"][name], value, **tolerance, msg=name)
         torch.testing.assert_close(rank["mean"], single["mean"], **tolerance)
         torch.testing.assert_close(rank["var"], single["var"], **tolerance)
+
+
+def test_validation_takes_the_mean_nlpd_over_every_ranks_held_out_rows(tmp_path):
+    ranks = run_distributed("svgp", tmp_path, dict(val_fraction=0.2, epochs=4, patience=1))
+    assert [h["val_nlpd"] for h in ranks[0]["history"]] == [h["val_nlpd"] for h in ranks[1]["history"]]
+    assert all(np.isfinite(h["val_nlpd"]) for h in ranks[0]["history"])
+    for name, value in ranks[0]["state"].items():
+        if torch.is_tensor(value):
+            torch.testing.assert_close(ranks[1]["state"][name], value, rtol=0, atol=0)
 
 
 def _estimator_worker(rank, port, out):

@@ -107,18 +107,19 @@ def fit(
             share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
             So the trained model equals the one-process fit on the concatenated shards, to round-off. Rank 0
             alone writes the checkpoint. Full-batch models all-reduce their statistics inside the loss (each
-            rank's share is 1 / W). Not yet: models with ``data_parallel = None``, validation, L-BFGS.
+            rank's share is 1 / W). With ``val_fraction``, each rank holds out that fraction of its shard and
+            the validation NLPD is the mean over all held-out rows. Not yet: ``data_parallel = None``, L-BFGS.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, val_every=val_every)
     _check_optimizer(optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
-    _check_distributable(model, comm, optimizer=optimizer, val_fraction=val_fraction)
+    _check_distributable(model, comm, optimizer=optimizer)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator)
+    X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)
     state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
     if state is None:
         if comm.rank == 0:
@@ -190,7 +191,7 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         record = {"epoch": epoch, "loss": loss, "lr": optimiser.param_groups[0]["lr"],
                   "seconds": time.perf_counter() - tic}
         if X_val is not None and ((epoch + 1) % val_every == 0 or epoch + 1 == epochs):
-            record["val_nlpd"] = _validation_nlpd(model, X, y, X_val, y_val)
+            record["val_nlpd"] = _validation_nlpd(model, X, y, X_val, y_val, comm)
             if record["val_nlpd"] < best["nlpd"]:
                 best = {"nlpd": record["val_nlpd"], "state": copy.deepcopy(model.state_dict()), "epoch": epoch,
                         "last_good": epoch}
@@ -291,17 +292,24 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
 
 
 @torch.no_grad()
-def _validation_nlpd(model, X, y, X_val, y_val) -> float:
-    model.fit_posterior(X, y)
+def _validation_nlpd(model, X, y, X_val, y_val, comm=LOCAL) -> float:
+    """The mean validation NLPD over every process's held-out rows (the same number on every rank)."""
+    model.fit_posterior(X, y, comm)
     mean, var = model.predict(X_val)
-    nlpd = -model.likelihood.log_predictive_density(y_val, mean, var).mean().item()
+    log_density = model.likelihood.log_predictive_density(y_val, mean, var)
+    total = comm.all_reduce_sum(torch.stack([-log_density.sum(), torch.tensor(float(len(y_val))).to(mean)]))
     model.clear_cache()
-    return nlpd
+    return (total[0] / total[1]).item()
 
 
-def _validation_split(X, y, fraction, generator):
+def _validation_split(X, y, fraction, generator, comm=LOCAL):
+    """(X_fit, y_fit, X_val, y_val): ``fraction`` of the rows held out, drawn by ``generator``; under data
+    parallelism each rank holds out that fraction of its shard, drawn by a generator of its own, so that the
+    shared generator stays the same on every rank."""
     if fraction == 0.0:
         return X, y, None, None
+    if comm.world_size > 1:
+        generator = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=generator)) + comm.rank)
     n_val = int(round(fraction * X.shape[0]))
     if n_val < 1 or n_val >= X.shape[0]:
         raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={X.shape[0]}.")
@@ -367,12 +375,11 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
                              "optimizer='adam'.")
 
 
-def _check_distributable(model, comm, *, optimizer, val_fraction) -> None:
+def _check_distributable(model, comm, *, optimizer) -> None:
     if comm.world_size == 1:
         return
     unsupported = {"optimizer='lbfgs'": optimizer == "lbfgs",
-                   f"{model.key or type(model).__name__}'s loss, which couples its rows": model.data_parallel is None,
-                   "val_fraction": val_fraction > 0}
+                   f"{model.key or type(model).__name__}'s loss, which couples its rows": model.data_parallel is None}
     for what, given in unsupported.items():
         if given:
             raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "

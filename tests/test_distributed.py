@@ -196,3 +196,24 @@ def test_the_command_line_trains_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"on {N} rows x 2 features" in done.stdout and f"({WORLD} processes)" in done.stdout
     assert np.isfinite(GPRegressor.load(model).predict(X_test.numpy())).all()
+
+
+def test_the_benchmark_runs_under_torchrun_and_rank_0_records(tmp_path):
+    import subprocess
+    import sys
+
+    from gpscale.bench.store import ResultsStore
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+               "-m", "gpscale", "bench", "--protocol", "quick", "--methods", "svgp,sgpr,gpytorch-svgp",
+               "--datasets", "friedman1", "--distributed", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "GPSCALE_DATA": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = {r["method"]: r for r in ResultsStore(tmp_path / "results.sqlite").runs()}
+    assert set(runs) == {"svgp", "sgpr", "gpytorch-svgp"}  # one record each: rank 0 alone writes
+    for method in ("svgp", "sgpr"):
+        assert runs[method]["status"] == "ok" and runs[method]["processes"] == WORLD, runs[method]
+        assert runs[method]["rmse"] < 0.5
+    assert runs["gpytorch-svgp"]["status"] == "error" and "one process" in runs["gpytorch-svgp"]["error"]
+    assert done.stdout.count("gpscale bench: protocol quick") == 1

@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="skip runs already in the results file")
     p.add_argument("--data-dir", default=None, help="data folder (default: $GPSCALE_DATA)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--distributed", action="store_true",
+                   help="data-parallel under torchrun: each process trains on its block of the training rows; "
+                        "rank 0 scores, stores and reports")
     p.add_argument("--list", action="store_true", help="list the protocols and exit")
     p.set_defaults(run=_bench)
 
@@ -248,8 +251,10 @@ def _predict(args) -> None:
 
 
 def _bench(args) -> None:
+    import os
     import time
 
+    from .distributed import LOCAL, TorchComm
     from .bench.protocols import PROTOCOLS, get_protocol
     from .bench.report import print_table, write_report
     from .bench.runner import run_protocol
@@ -259,12 +264,20 @@ def _bench(args) -> None:
         for p in PROTOCOLS.values():
             print(f"{p.name:<16} v{p.version}  {p.description}")
         return
+    comm, device = LOCAL, args.device
+    if args.distributed:
+        comm = TorchComm.from_env()
+        if device == "cuda":  # one GPU per process
+            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
     protocol = get_protocol(args.protocol)
     out = args.out or Path("results") / protocol.name
-    print(f"gpscale bench: protocol {protocol.name} v{protocol.version}: {protocol.description}")
+    say = print if comm.rank == 0 else (lambda *_: None)
+    say(f"gpscale bench: protocol {protocol.name} v{protocol.version}: {protocol.description}")
     tic = time.perf_counter()
     path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
-                        data_dir=args.data_dir, resume=args.resume, device=args.device)
+                        data_dir=args.data_dir, resume=args.resume, device=device, comm=comm)
+    if comm.rank != 0:  # rank 0 writes the report
+        return
     runs = ResultsStore(path).runs(protocol.name)
     print()
     print(print_table(runs))

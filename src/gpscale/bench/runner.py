@@ -26,9 +26,11 @@ import torch
 from .. import __version__, metrics
 from ..data import data_dir as resolve_data_dir
 from ..data import load_dataset
+from ..distributed import LOCAL, Comm
 from ..likelihoods import MULTICLASS
 from ..models import get_model_class
 from ..models.inducing import kmeans_centers
+from ..shards import row_blocks
 from ..train import fit
 from .memory import PeakMemory
 from .protocols import MethodSpec, Protocol
@@ -44,17 +46,20 @@ CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] | None = None,
                  datasets: list[str] | None = None, splits: list[int] | None = None, data_dir: str | None = None,
                  resume: bool = False, device: str = "cpu", progress: bool = True,
-                 log: Callable[[str], None] = print) -> Path:
+                 log: Callable[[str], None] = print, comm: Comm = LOCAL) -> Path:
     """Run ``protocol`` (optionally a subset) and append every run to ``out_dir/results.sqlite``.
 
     Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
-    Returns the path of the results file.
+    Returns the path of the results file. Under data parallelism (``comm`` of W processes, all running this with
+    the same arguments) each process trains on its block of the training rows, and rank 0 scores the test set,
+    writes the results and logs; the GPyTorch peers, which run in one process, are recorded as errors.
     """
     store = ResultsStore(Path(out_dir) / "results.sqlite")
     done = store.completed(protocol.name, protocol.version) if resume else set()
     specs = _select(protocol.methods, methods, lambda s: s.name, "method")
     names = _select(list(protocol.datasets), datasets, lambda s: s, "dataset")
-    context = _context(device, protocol.dtype)
+    context = {**_context(device, protocol.dtype), "processes": comm.world_size if comm.world_size > 1 else None}
+    log = log if comm.rank == 0 else (lambda message: None)
     folder = resolve_data_dir(data_dir)
     _warm_up(specs, protocol.dtype, device)
     for name in names:
@@ -76,14 +81,16 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                         log(f"done already: {spec.name} on {name} split {split} seed {seed}")
                         continue
                     record = {**base, **context, **run_one(spec, ds, seed=seed, dtype=protocol.dtype,
-                                                           device=device, progress=progress, trained=trained)}
-                    store.append(record)
+                                                           device=device, progress=progress, trained=trained,
+                                                           comm=comm)}
+                    if comm.rank == 0:
+                        store.append(record)
                     log(_line(record))
     return store.path
 
 
 def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False,
-            trained: dict | None = None) -> dict:
+            trained: dict | None = None, comm: Comm = LOCAL) -> dict:
     """Train and evaluate one method on one dataset split; never raises (an error becomes the record).
 
     ``trained`` (optional, per split and seed) keeps our trained models, so that an entry differing from an
@@ -91,7 +98,9 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     """
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
-    Xtr, ytr, Xte = (torch.tensor(a, dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train, ds.X_test))
+    first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
+    Xtr, ytr = (torch.tensor(a[first:last], dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train))
+    Xte = torch.tensor(ds.X_test, dtype=torch_dtype, device=device)
     try:
         train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
         options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
@@ -99,12 +108,15 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             options["n_inducing"] = min(options["n_inducing"], ds.n_train)
         with PeakMemory(device) as peak:
             tic = time.perf_counter()
+            if spec.key.startswith("gpytorch-") and comm.world_size > 1:
+                raise NotImplementedError("The GPyTorch peers run in one process.")
             if spec.key.startswith("gpytorch-"):
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
             else:
                 predict, seconds_per_epoch, epochs, reused = _run_ours(spec, options, train, Xtr, ytr, seed,
-                                                                      progress, {} if trained is None else trained)
+                                                                      progress, {} if trained is None else trained,
+                                                                      comm)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
             mean, var = (t.double().cpu().numpy() for t in predict(Xte))  # classes: probabilities [n*, C]
@@ -143,7 +155,7 @@ def _warm_up(specs, dtype, device) -> None:
         run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)
 
 
-def _run_ours(spec, options, train, X, y, seed, progress, trained):
+def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
     """Train spec's model, or refit the posterior of a trained one that differs only in posterior options.
     Returns (predict, seconds per epoch, epochs, the reused run or None)."""
     cls = get_model_class(spec.key)
@@ -153,11 +165,11 @@ def _run_ours(spec, options, train, X, y, seed, progress, trained):
         model = copy.deepcopy(earlier["model"])
         for name in cls.posterior_options:
             setattr(model, name, options.get(name, _default(cls, name)))
-        model.fit_posterior(X, y)
+        model.fit_posterior(X, y, comm)
         result, reused = earlier["result"], earlier["run"]
     else:
         model = cls(X.shape[1], **options).to(dtype=X.dtype, device=X.device)
-        result, reused = fit(model, X, y, seed=seed, progress=progress, **train), None
+        result, reused = fit(model, X, y, seed=seed, progress=progress, comm=comm, **train), None
         trained[identity] = {"model": model, "result": result}
 
     def predict(Xs):

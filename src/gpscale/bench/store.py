@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -30,12 +30,13 @@ COLUMNS: dict[str, str] = {
     "peak_memory_mb": "REAL",
     "reused_training_of": "TEXT",  # the method whose trained model this run refitted (posterior options only)
     "dtype": "TEXT", "device": "TEXT",
+    "processes": "INTEGER",  # data-parallel processes that trained the model (NULL: one)
     "gpscale_version": "TEXT", "torch_version": "TEXT", "gpytorch_version": "TEXT",
     "machine": "TEXT", "cpu": "TEXT", "cores": "INTEGER",
     "date": "TEXT", "git_commit": "TEXT",
 }
 # schema version -> the columns added by the next version
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",)}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",), 3: ("processes",)}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 

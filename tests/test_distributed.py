@@ -31,7 +31,11 @@ METHODS = {
     "sgpr": dict(n_inducing=6),
     "sgpr-qr": dict(n_inducing=6, solver="qr"),
     "vff": dict(n_frequencies=4),
+    "dbk": dict(n_basis=6, network="mlp", depth=1, width=8),  # the correction's k_max: a max across ranks
     "grief": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5),
+    # no training: MALA on the all-reduced statistics, seeded alike on every rank
+    "grief-i": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5, n_iterations=200, burn_in=50,
+                    thin=5, n_chains=1),
 }
 
 
@@ -48,7 +52,8 @@ def shards():
 
 def make(method):
     torch.manual_seed(1)  # the same network initialisation in every process (SVDBK)
-    return get_model_class(method.split("-")[0] if method != "vff-svgp" else method)(D, **METHODS[method]).double()
+    key = method if method in ("vff-svgp", "grief-i") else method.split("-")[0]
+    return get_model_class(key)(D, **METHODS[method]).double()
 
 
 def free_port() -> int:
@@ -92,9 +97,9 @@ def run_one_process(method):
     return {"state": model.state_dict(), "mean": mean, "var": var}
 
 
-# GRIEF starts the noise at its optimum, where the noise gradient is ~4e-10: its round-off (the ranks sum the
+# GRIEF (and GRIEF-I) start the noise at its optimum, where its gradient is ~4e-10: its round-off (the ranks sum the
 # statistics in another order) is a relative 1e-8, which Adam's normalised first step turns into a 5e-8 difference
-TOLERANCE = {"grief": dict(rtol=1e-6, atol=1e-7)}
+TOLERANCE = {"grief": dict(rtol=1e-6, atol=1e-7), "grief-i": dict(rtol=1e-6, atol=1e-7)}
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -165,7 +170,7 @@ def test_one_process_refuses_what_data_parallelism_does_not_support_yet():
 
     X, y, _ = data()
     for coupled in (get_model_class("softki")(D, n_inducing=4), get_model_class("svdbk")(D, n_basis=4),
-                    get_model_class("exact")(D), get_model_class("dbk")(D, n_basis=4)):
+                    get_model_class("exact")(D)):
         with pytest.raises(NotImplementedError, match="loss, which couples its rows"):
             fit(coupled.double(), X, y, comm=TwoRanks(), progress=False)
 

@@ -31,7 +31,8 @@ class Comm:
         raise NotImplementedError
 
     def all_reduce_max(self, tensor: Tensor) -> Tensor:  # pragma: no cover - interface
-        """The elementwise maximum of ``tensor`` over all processes, as a new tensor (not differentiable)."""
+        """The maximum of a scalar ``tensor`` over all processes, as a new tensor; differentiable as ``torch.max``
+        is: the gradient (summed over processes) goes to the lowest rank holding the maximum."""
         raise NotImplementedError
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:  # pragma: no cover - interface
@@ -106,9 +107,8 @@ class TorchComm(Comm):
         return _AllReduceSum.apply(tensor, self)
 
     def all_reduce_max(self, tensor: Tensor) -> Tensor:
-        out = tensor.detach().clone()
-        self._dist.all_reduce(out, op=self._dist.ReduceOp.MAX, group=self.group)
-        return out
+        values = self.all_gather(tensor.detach().reshape(1))
+        return _Select.apply(tensor, self, int(values.argmax()), values.max())
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
         self._dist.broadcast(tensor, src, group=self.group)
@@ -162,6 +162,21 @@ class _AllGather(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         first = sum(ctx.sizes[: ctx.comm.rank])
         return ctx.comm._sum(grad)[first:first + ctx.sizes[ctx.comm.rank]], None, None
+
+
+class _Select(torch.autograd.Function):
+    """y = x_{r*} on every process (the all-gathered value of rank r*); the gradient for x_{r*} is the summed
+    upstream gradients, and every other rank's is 0."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, comm: TorchComm, owner: int, value: Tensor) -> Tensor:
+        ctx.comm, ctx.owner = comm, owner
+        return value.reshape(tensor.shape).clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        total = ctx.comm._sum(grad)
+        return (total if ctx.comm.rank == ctx.owner else torch.zeros_like(total)), None, None, None
 
 
 def broadcast_state(module: nn.Module, comm: Comm, src: int = 0) -> None:

@@ -208,9 +208,10 @@ class DeepBasisModel(GPModel):
         groups = [{"params": network, "weight_decay": self.weight_decay}, {"params": others, "weight_decay": 0.0}]
         return [group for group in groups if group["params"]]
 
-    def penalty(self, Phi: Tensor, num_data: int) -> Tensor:
+    def penalty(self, Phi: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
         """The trace penalty (float64 scalar) from the basis rows Phi [b, r] of a set of ``num_data`` points, with
-        k_max the max over these rows: all of them in exact training, the batch in SVI.
+        k_max the max over these rows: all of them in exact training, the batch in SVI. With ``comm``, the rows
+        are every process's (exact training): k_max and the sum are reduced across them.
 
         The gradient goes through the max (to the argmax row, as ``torch.max`` routes it), as in the paper. That
         gradient is what holds the largest prior variance down: with k_max detached (a variant spec §14 allows) the
@@ -218,7 +219,7 @@ class DeepBasisModel(GPModel):
         test the test RMSE went from 0.10 to 1.09 (dbk) and from 0.14 to 4.9 (svdbk). So it is not an option.
         """
         k = prior_variance(Phi).to(CORE)
-        return trace_penalty(k, k.max(), self.noise.to(CORE), num_data)
+        return comm.all_reduce_sum(trace_penalty(k, comm.all_reduce_max(k.max()), self.noise.to(CORE), num_data))
 
     @torch.no_grad()
     def max_prior_variance(self, X: Tensor) -> Tensor:
@@ -265,7 +266,7 @@ class DBK(DeepBasisModel):
     """
 
     full_batch = True
-    data_parallel = None  # the correction's k_max and the network's rows are not reduced across processes yet
+    data_parallel = "statistics"
 
     def features(self, X: Tensor) -> Tensor:
         """Phi = phi(X) [n, r], computed ``chunk_size`` rows at a time."""
@@ -274,16 +275,16 @@ class DBK(DeepBasisModel):
             return torch.cat([checkpoint(self.kernel.basis, Xc, use_reentrant=False) for Xc in chunks])
         return torch.cat([self.kernel.basis(Xc) for Xc in chunks])
 
-    def posterior(self, Phi: Tensor, y: Tensor) -> _linear.Collapsed:
-        """The engine's posterior of w from basis rows Phi [n, r] and targets y [n]."""
+    def posterior(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> _linear.Collapsed:
+        """The engine's posterior of w from basis rows Phi [n, r] and targets y [n] (every process's rows)."""
         stats = _linear.accumulate(_linear.in_memory, Phi, y.to(CORE), chunk_size=self.chunk_size,
-                                     recompute=False)
+                                     recompute=False, comm=comm)
         return _linear.collapse_cholesky(stats, self.noise)
 
-    def evidence(self, Phi: Tensor, y: Tensor) -> Tensor:
+    def evidence(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (eq. 5) with the cancellation-free data fit (float64 scalar)."""
-        post = self.posterior(Phi, y)
-        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size)
+        post = self.posterior(Phi, y, comm)
+        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size, comm=comm)
         return _linear.log_evidence(replace(post, quad=quad), self.noise)
 
     def heteroscedastic_rows(self, Phi: Tensor, y: Tensor, k_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -305,26 +306,24 @@ class DBK(DeepBasisModel):
         Phi_hat, y_hat, D = self.heteroscedastic_rows(Phi, y, prior_variance(Phi).max())
         return self.evidence(Phi_hat, y_hat) - 0.5 * D.to(CORE).log().sum()
 
-    def objective(self, X: Tensor, y: Tensor) -> Tensor:
+    def objective(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``J = log p(y) - tr(C_XX) / (2 sigma^2)`` (eq. 5 minus the penalty of eq. 11), or log p(y) without the
-        correction (float64 scalar)."""
+        correction (float64 scalar), over every process's rows."""
         Phi = self.features(X)
-        lml = self.evidence(Phi, y)
-        return lml - self.penalty(Phi, X.shape[0]) if self.correction else lml
+        lml = self.evidence(Phi, y, comm)
+        return lml - self.penalty(Phi, X.shape[0], comm) if self.correction else lml
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        return -self.objective(X, y) / num_data
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+        return -self.objective(X, y, comm) / num_data
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        if comm.world_size > 1:  # pragma: no cover - exact DBK trains full batch in one process
-            raise NotImplementedError("Exact DBK runs in one process; use svdbk under torchrun.")
         Phi = self.features(X)
         cache = {}
         if self.correction:  # the corrected GP is the plain one on rows scaled by D^{-1/2}
-            cache["k_max"] = prior_variance(Phi).max().to(CORE)
+            cache["k_max"] = comm.all_reduce_max(prior_variance(Phi).max().to(CORE))
             Phi, y, _ = self.heteroscedastic_rows(Phi, y, cache["k_max"])
-        post = self.posterior(Phi, y)
+        post = self.posterior(Phi, y, comm)
         self.cache = {**cache, "L_B": post.L_B, "w_mean": post.weight_mean}
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:

@@ -165,8 +165,7 @@ class GRIEFI(GRIEF):
     the largest split R-hat exceeds 1.1 or is not finite.
     """
 
-    trainable = False
-    data_parallel = None  # the MALA chains of fit_posterior run in one process
+    trainable = False  # the chains run on the all-reduced statistics, identically seeded on every process
     posterior_options = ("solver", "n_iterations", "burn_in", "thin", "n_chains", "step_size", "tune", "jacobian",
                          "weight_prior_variance", "noise_prior_variance")
 

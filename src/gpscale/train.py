@@ -256,7 +256,7 @@ class _Objective(nn.Module):
         self.model = model
 
     def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float, comm: Comm) -> Tensor:
-        if self.model.data_parallel == "statistics":
+        if self.model.data_parallel == "statistics":  # every rank holds rows of the one full-batch loss
             return weight * self.model.loss(X, y, num_data=num_data, comm=comm)
         if X.shape[0] == 0:  # no rows of this batch here: a zero that still reaches every parameter, with a
             # separate zero gradient tensor each (sum(p.sum()) * 0 would hand 0-dim parameters views of one tensor,

@@ -125,6 +125,25 @@ register_protocol(Protocol(
 ))
 
 
+# Data-parallel scaling (docs/distributed.md): run under `torchrun --nproc-per-node W ... --distributed` for each W and
+# compare seconds per epoch. Generated data, so it needs no data folder; sizes where the data-dependent work (which
+# splits over processes) outweighs the m x m work (which every process repeats).
+register_protocol(Protocol(
+    name="scaling",
+    version=1,
+    description="Data-parallel scaling: SVGP (m = 256, batch 4,096, 3 epochs), HVGP 8 x 32 (batch 4,096, 3 epochs) "
+                "and SGPR (m = 256, 10 full-batch steps) on generated Friedman #1 (n = 100,000, d = 10); run under "
+                "torchrun with 1, 2, ... processes and compare seconds per epoch.",
+    methods=(
+        MethodSpec("svgp", dict(n_inducing=256, epochs=3, batch_size=4096, lr=0.01)),
+        MethodSpec("hvgp", dict(n_inducing=32, n_ways=3, epochs=3, batch_size=4096, lr=0.01)),
+        MethodSpec("sgpr", dict(n_inducing=256, epochs=10, lr=0.1)),
+    ),
+    datasets={"friedman1": None},
+    dataset_options={"friedman1": {"n": 100_000}},
+))
+
+
 # --- SoftKI (Camaño & Huang 2024; spec shared/specs/softki.md) ---------------------------------------------------
 # SoftKI with the paper's defaults (spec §7): m = 512 k-means-initialised points, 10 Hutchinson probes, Adam lr 0.01,
 # 50 epochs of batch 1024, noise fixed at 1e-3. The baselines are SGPR_PAPER and SVGP_PAPER above (spec §8.1).

@@ -373,3 +373,15 @@ def test_blocks_placed_on_several_devices_give_the_same_elbo_gradients_and_predi
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="1 to T = 4 devices"):
         rbf_hvgp("pixel_negation", m=6, n_ways=2, devices=("cpu",) * 5)
+
+
+def test_a_placed_model_with_sequence_options_saves_and_loads(tmp_path):
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(120, 3, generator=g, dtype=F64).numpy()
+    y = X[:, 0] ** 2 + X[:, 1]
+    reg = GPRegressor(method="hvgp", n_inducing=6, n_ways=2, devices=["cpu", "cpu"], epochs=2, batch_size=40,
+                      progress=False).fit(X, y)
+    reg.save(tmp_path / "m.gps")
+    loaded = GPRegressor.load(tmp_path / "m.gps")
+    assert loaded.model_.devices == (torch.device("cpu"),) * 2 and isinstance(loaded.model_.cache["Lu"], list)
+    assert (loaded.predict(X[:7]) == reg.predict(X[:7])).all()

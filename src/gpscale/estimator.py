@@ -193,7 +193,9 @@ class GPRegressor(RegressorMixin, BaseEstimator):
             # cast before loading: load_state_dict copies into the parameters' current dtype
             model.to(dtype=reg._torch_dtype(), device=torch.device(reg.device))
             model.load_state_dict(tensors["model"])
-            model.cache = {k: v.to(torch.device(reg.device)) for k, v in model.cache.items()}
+            device = torch.device(reg.device)  # a list holds per-device factors (HVGP's placed blocks)
+            model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
+                           for k, v in model.cache.items()}
             reg.model_ = model.eval()
             reg.model_options_ = header["model_options"]
             reg.n_features_in_ = header["n_features_in"]
@@ -259,8 +261,16 @@ def _option_default(cls: type[GPModel], name: str):
     raise KeyError(name)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _jsonable(params: dict) -> dict:
-    bad = [k for k, v in params.items() if not isinstance(v, (str, int, float, bool, type(None)))]
+    """The options as JSON values; lists and tuples of scalars (e.g. ``image_shape``, ``devices``) become lists."""
+    def scalar_sequence(v):
+        return isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) for x in v)
+
+    bad = [k for k, v in params.items() if not (isinstance(v, _SCALARS) or scalar_sequence(v))]
     if bad:
-        raise ValueError(f"Cannot save options {bad}: only str/int/float/bool/None options can be stored.")
-    return params
+        raise ValueError(f"Cannot save options {bad}: only str/int/float/bool/None options, and lists of them, can "
+                         "be stored.")
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}

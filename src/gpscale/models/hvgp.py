@@ -206,7 +206,7 @@ class HVGP(VariationalGP):
             return super().conditional(X, Lu, q_mu, q_sqrt)
         moments = []
         for (blocks, device), L in zip(self.placement(), Lu):
-            A = solve_lower(L.to(X.dtype), self.features.Kuf(X.to(device), blocks))
+            A = solve_lower(L.to(device=device, dtype=X.dtype), self.features.Kuf(X.to(device), blocks))
             group = self.whitened_moments(A, q_mu[blocks].to(device), q_sqrt[blocks].to(device))
             moments.append([t.to(X.device) for t in group])
         return self.marginals(X, *(sum(parts) for parts in zip(*moments)))

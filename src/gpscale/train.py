@@ -256,13 +256,21 @@ class _Objective(nn.Module):
         self.model = model
 
     def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float, comm: Comm) -> Tensor:
-        if self.model.data_parallel == "statistics":  # every rank holds rows of the one full-batch loss
+        mode = self.model.data_parallel
+        if mode == "statistics":  # every rank holds rows of the one full-batch loss
             return weight * self.model.loss(X, y, num_data=num_data, comm=comm)
-        if X.shape[0] == 0:  # no rows of this batch here: a zero that still reaches every parameter, with a
-            # separate zero gradient tensor each (sum(p.sum()) * 0 would hand 0-dim parameters views of one tensor,
-            # which DistributedDataParallel's bucket copies then mix up)
-            return sum((p * 0.0).sum() for p in self.model.parameters() if p.requires_grad)
+        if mode == "batch":  # every rank joins the batch-wide gathers, with or without rows
+            loss = self.model.loss(X, y, num_data=num_data, comm=comm, share=weight / comm.world_size)
+            return weight * loss + (self._zero() if X.shape[0] == 0 else 0.0)
+        if X.shape[0] == 0:
+            return self._zero()
         return weight * self.model.loss(X, y, num_data=num_data)
+
+    def _zero(self) -> Tensor:
+        """For a rank without rows of the batch: a zero that still reaches every parameter, with a separate zero
+        gradient tensor each (sum(p.sum()) * 0 would hand 0-dim parameters views of one tensor, which
+        DistributedDataParallel's bucket copies then mix up)."""
+        return sum((p * 0.0).sum() for p in self.model.parameters() if p.requires_grad)
 
 
 def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm) -> float:

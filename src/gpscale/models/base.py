@@ -67,6 +67,8 @@ class GPModel(nn.Module):
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds),
     ``data_parallel`` to say how their loss splits over processes that hold shards of the rows (``'rows'``: a
     minibatch loss that is a sum over its rows plus a term of the parameters, so the parts of a batch add up;
+    ``'batch'``: such a sum given batch-wide quantities, which ``loss(X, y, num_data, comm, share)`` gathers in its
+    forward pass, called on every process even when its part (a ``share`` of the batch) is empty;
     ``'statistics'``: a full-batch loss of sufficient statistics, which ``loss(X, y, num_data, comm)`` all-reduces;
     None: it does not split), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model

@@ -349,10 +349,8 @@ class SVDBK(DeepBasisModel):
     def __init__(self, n_features: int, **kwargs):
         super().__init__(n_features, **kwargs)
         r = self.n_basis
-        # the correction's k_max is the maximum over the batch: its gradient would need a collective in the backward
-        # pass of ranks whose graphs differ (one may hold no rows of the batch), which DDP's overlapping gradient
-        # reductions can interleave differently
-        self.data_parallel = None if self.correction else "rows"
+        # the correction's k_max is the maximum over the whole batch, which every part of it needs
+        self.data_parallel = "batch" if self.correction else "rows"
         self.q_mu = nn.Parameter(torch.zeros(r))
         self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
         self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))
@@ -390,8 +388,31 @@ class SVDBK(DeepBasisModel):
         elbo = self.elbo_from_basis(Phi, y, num_data)
         return elbo - self.penalty(Phi, num_data) if self.correction else elbo
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        return -self.objective(X, y, num_data) / num_data
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
+        if comm.world_size == 1:
+            return -self.objective(X, y, num_data) / num_data
+        return -self.objective_part(X, y, num_data, comm, share) / num_data
+
+    def objective_part(self, X: Tensor, y: Tensor, num_data: int, comm: Comm, share: float) -> Tensor:
+        """This process's part of :meth:`objective` for a batch split over processes, X [b_r, d] holding a
+        ``share`` b_r / B of its rows (possibly none): the parts, weighted by their shares, sum to the objective.
+
+        k_max, the batch's maximum prior variance, comes from a forward all-gather. Its gradient is not
+        differentiated through a collective, whose backward pass ranks with different graphs would interleave
+        differently with DistributedDataParallel's reductions. The objective's derivative with respect to k_max is
+        N / (2 sigma^2) whatever the split, so the rank holding the maximum adds a zero-valued term with exactly
+        that gradient through its own maximum."""
+        Phi = self.kernel.basis(X)
+        k = prior_variance(Phi).to(CORE)
+        local_max = k.max() if k.numel() else torch.tensor(-math.inf, dtype=CORE, device=k.device)
+        maxima = comm.all_gather(local_max.detach().reshape(1))
+        if not X.shape[0]:
+            return torch.zeros((), dtype=CORE, device=k.device)
+        k_max, noise = maxima.max(), self.noise.to(CORE)
+        objective = self.elbo_from_basis(Phi, y, num_data) - trace_penalty(k, k_max, noise, num_data)
+        if comm.rank == int(maxima.argmax()):
+            objective = objective - num_data / (2 * noise.detach()) * (local_max - local_max.detach()) / share
+        return objective
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:

@@ -3,6 +3,7 @@ Distributed): the same global batches, the ranks' losses summing to the global l
 DistributedDataParallel, initialisation on rank 0 broadcast, closed-form posteriors reduced across ranks."""
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -81,9 +82,20 @@ def _worker(rank, port, method, out, options=None):
         dist.destroy_process_group()
 
 
+def spawn(worker, *args, timeout=240):
+    """Run ``worker(rank, *args)`` in WORLD processes; a deadlock fails the test instead of hanging the suite."""
+    context = mp.start_processes(worker, args=args, nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{worker.__name__} did not finish within {timeout} s (a collective deadlocked?).")
+
+
 def run_distributed(method, tmp_path, options=None):
     out = str(tmp_path / method)
-    mp.spawn(_worker, args=(free_port(), method, out, options), nprocs=WORLD, join=True)
+    spawn(_worker, free_port(), method, out, options)
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
 
 
@@ -150,7 +162,7 @@ def test_the_estimator_scales_with_global_statistics_and_rank_0_saves(tmp_path):
     from gpscale import GPRegressor
 
     out = str(tmp_path / "reg")
-    mp.spawn(_estimator_worker, args=(free_port(), out), nprocs=WORLD, join=True)
+    spawn(_estimator_worker, free_port(), out)
     ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
     X, y, X_test = data()
     expected = (X.numpy().mean(0), X.numpy().std(0), float(y.mean()), float(y.numpy().std()))

@@ -23,6 +23,8 @@ FIT = dict(epochs=2, batch_size=32, lr=0.02, seed=3, progress=False)
 # method -> options; the minibatch methods (DistributedDataParallel) and their closed-form posterior passes
 METHODS = {
     "svgp": dict(n_inducing=6),
+    # a loss that couples the batch's rows (and draws probes): every rank evaluates the gathered batch
+    "softki": dict(n_inducing=8, solver="qr"),
     "hvgp": dict(n_inducing=4, group="pca_negation", n_ways=1),
     "vff-svgp": dict(n_frequencies=4),  # natural-gradient steps on q, reduced across ranks
     "svdbk": dict(n_basis=6, network="mlp", depth=1, width=8, correction=False),
@@ -179,13 +181,14 @@ def test_shards_cover_the_global_rows_in_rank_order():
     assert Shard.of(10, LOCAL) == Shard(offset=0, n=10, n_global=10)
 
 
-def test_one_process_refuses_what_data_parallelism_does_not_support_yet():
+def test_what_data_parallelism_does_not_support_yet_is_refused():
     class TwoRanks(LocalComm):
         world_size = 2
 
     X, y, _ = data()
-    with pytest.raises(NotImplementedError, match="softki's loss, which couples its rows"):
-        fit(get_model_class("softki")(D, n_inducing=4).double(), X, y, comm=TwoRanks(), progress=False)
+    with pytest.raises(NotImplementedError, match="optimizer='lbfgs'"):
+        fit(get_model_class("sgpr")(D, n_inducing=4).double(), X, y, comm=TwoRanks(), optimizer="lbfgs",
+            progress=False)
 
 
 def test_torch_comm_needs_an_initialised_group_and_from_env_needs_torchrun(monkeypatch):

@@ -106,9 +106,11 @@ def fit(
             ``batch_size``, of which each rank evaluates the rows it holds; the ranks' losses, weighted by their
             share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
             So the trained model equals the one-process fit on the concatenated shards, to round-off. Rank 0
-            alone writes the checkpoint. Full-batch models all-reduce their statistics inside the loss (each
-            rank's share is 1 / W). With ``val_fraction``, each rank holds out that fraction of its shard and
-            the validation NLPD is the mean over all held-out rows. Not yet: ``data_parallel = None``, L-BFGS.
+            alone writes the checkpoint. How a model's loss splits is its ``data_parallel`` (see
+            :class:`~gpscale.models.base.GPModel`): full-batch models all-reduce their statistics inside the loss,
+            and a loss that couples a batch's rows (SoftKI) gets the whole gathered batch on every rank. With
+            ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
+            over all held-out rows. Not yet: L-BFGS.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -125,6 +127,8 @@ def fit(
         if comm.rank == 0:
             model.initialise(X_fit, y_fit, seed=seed)
         broadcast_state(model, comm)
+        # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
+        torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
     else:
         model.load_state_dict(state["model"])
     initial = copy.deepcopy(model.state_dict())
@@ -283,6 +287,8 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
     for rows in batches:
         if rows is None:  # every rank holds its rows of one loss, whose statistics the model all-reduces
             xb, yb, share = X, y, 1.0 / comm.world_size
+        elif model.data_parallel == "gather":  # the whole batch, in batch order, on every rank
+            xb, yb, share = (*_gather_batch(X, y, rows, shard, comm), 1.0 / comm.world_size)
         else:
             mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
             xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
@@ -297,6 +303,17 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
         optimiser.step()
         total += global_loss.item()
     return total / len(batches)
+
+
+def _gather_batch(X: Tensor, y: Tensor, rows: Tensor, shard: Shard, comm: Comm) -> tuple[Tensor, Tensor]:
+    """The global batch ``rows`` [B] of every rank's (X, y), in batch order: each rank fills in the rows it holds
+    and a sum over ranks completes the batch (B (d + 1) numbers)."""
+    here = ((rows >= shard.offset) & (rows < shard.offset + shard.n)).to(X.device)
+    batch = torch.zeros(rows.shape[0], X.shape[1] + 1, dtype=X.dtype, device=X.device)
+    local = (rows.to(X.device)[here] - shard.offset)
+    batch[here] = torch.cat([X[local], y[local].unsqueeze(-1)], dim=1)
+    batch = comm.all_reduce_sum(batch)
+    return batch[:, :-1], batch[:, -1]
 
 
 @torch.no_grad()
@@ -387,7 +404,8 @@ def _check_distributable(model, comm, *, optimizer) -> None:
     if comm.world_size == 1:
         return
     unsupported = {"optimizer='lbfgs'": optimizer == "lbfgs",
-                   f"{model.key or type(model).__name__}'s loss, which couples its rows": model.data_parallel is None}
+                   f"{model.key or type(model).__name__}'s loss, which does not split over processes":
+                       model.data_parallel is None}
     for what, given in unsupported.items():
         if given:
             raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "

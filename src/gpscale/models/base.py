@@ -70,6 +70,7 @@ class GPModel(nn.Module):
     ``'batch'``: such a sum given batch-wide quantities, which ``loss(X, y, num_data, comm, share)`` gathers in its
     forward pass, called on every process even when its part (a ``share`` of the batch) is empty;
     ``'statistics'``: a full-batch loss of sufficient statistics, which ``loss(X, y, num_data, comm)`` all-reduces;
+    ``'gather'``: a loss that couples a batch's rows, evaluated on the whole batch, gathered, on every process;
     None: it does not split), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model

@@ -130,7 +130,7 @@ class SoftKI(GPModel):
     """
 
     posterior_options = ("calibrate_noise",)
-    data_parallel = None  # each batch's own marginal likelihood couples its rows
+    data_parallel = "gather"  # each batch's own marginal likelihood couples its rows: every rank holds them all
 
     def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
                  solver: str = "qr", calibrate_noise: str | None = None, *, ard: bool = False, noise: float = 1e-3,

@@ -96,6 +96,7 @@ def spawn(worker, *args, timeout=240):
 
 
 def run_distributed(method, tmp_path, options=None):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = str(tmp_path / method)
     spawn(_worker, free_port(), method, out, options)
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
@@ -139,6 +140,17 @@ def test_validation_takes_the_mean_nlpd_over_every_ranks_held_out_rows(tmp_path)
     for name, value in ranks[0]["state"].items():
         if torch.is_tensor(value):
             torch.testing.assert_close(ranks[1]["state"][name], value, rtol=0, atol=0)
+
+
+def test_training_resumes_from_rank_0s_checkpoint(tmp_path):
+    checkpoint = str(tmp_path / "svgp.ckpt")
+    run_distributed("svgp", tmp_path / "first", dict(epochs=2, checkpoint=checkpoint))
+    resumed = run_distributed("svgp", tmp_path / "resumed", dict(epochs=3, checkpoint=checkpoint, resume=True))
+    straight = run_distributed("svgp", tmp_path / "straight", dict(epochs=3))
+    assert [h["epoch"] for h in resumed[0]["history"]] == [0, 1, 2]
+    for name, value in straight[0]["state"].items():
+        if torch.is_tensor(value):
+            torch.testing.assert_close(resumed[1]["state"][name], value, rtol=1e-12, atol=1e-13)
 
 
 def _estimator_worker(rank, port, out):

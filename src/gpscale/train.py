@@ -260,7 +260,7 @@ class _Objective(nn.Module):
         self.model = model
 
     def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float, comm: Comm) -> Tensor:
-        mode = self.model.data_parallel
+        mode = self.model.data_parallel if comm.world_size > 1 else "one process"
         if mode == "statistics":  # every rank holds rows of the one full-batch loss
             return weight * self.model.loss(X, y, num_data=num_data, comm=comm)
         if mode == "batch":  # every rank joins the batch-wide gathers, with or without rows
@@ -287,12 +287,15 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
     for rows in batches:
         if rows is None:  # every rank holds its rows of one loss, whose statistics the model all-reduces
             xb, yb, share = X, y, 1.0 / comm.world_size
-        elif model.data_parallel == "gather":  # the whole batch, in batch order, on every rank
+        elif model.data_parallel == "gather" and comm.world_size > 1:  # the whole batch, in order, on every rank
             xb, yb, share = (*_gather_batch(X, y, rows, shard, comm), 1.0 / comm.world_size)
         else:
             mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
             xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
-        model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
+        if comm.world_size == 1:  # the one-process contract: (X, y, num_data)
+            model.natural_gradient_step(xb, yb, shard.n_global)
+        else:
+            model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
         optimiser.zero_grad(set_to_none=True)
         # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
         loss = objective(xb, yb, shard.n_global, share * comm.world_size, comm)

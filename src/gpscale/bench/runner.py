@@ -54,7 +54,11 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
     the same arguments) each process trains on its block of the training rows, and rank 0 scores the test set,
     writes the results and logs; the GPyTorch peers, which run in one process, are recorded as errors.
     """
-    store = ResultsStore(Path(out_dir) / "results.sqlite")
+    if comm.rank == 0:  # rank 0 creates the results file; the others open it after (for --resume)
+        store = ResultsStore(Path(out_dir) / "results.sqlite")
+    comm.barrier()
+    if comm.rank != 0:
+        store = ResultsStore(Path(out_dir) / "results.sqlite")
     done = store.completed(protocol.name, protocol.version) if resume else set()
     specs = _select(protocol.methods, methods, lambda s: s.name, "method")
     names = _select(list(protocol.datasets), datasets, lambda s: s, "dataset")

@@ -27,6 +27,7 @@ METHODS = {
     "softki": dict(n_inducing=8, solver="qr"),
     "hvgp": dict(n_inducing=4, group="pca_negation", n_ways=1),
     "vff-svgp": dict(n_frequencies=4),  # natural-gradient steps on q, reduced across ranks
+    "odvff": dict(n_frequencies=3, n_mean_inducing=8),
     "svdbk": dict(n_basis=6, network="mlp", depth=1, width=8, correction=False),
     # the correction's k_max: the batch's maximum, gathered from every rank, also from one without rows of the batch
     "svdbk-corrected": dict(n_basis=6, network="mlp", depth=1, width=8),

@@ -152,6 +152,24 @@ def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     assert len(ResultsStore(tmp_path / "results.sqlite").runs()) == 3 and lines[-1].startswith("done already")
 
 
+def test_options_given_to_the_run_replace_the_protocols_on_every_dataset(tmp_path):
+    spec = MethodSpec("sgpr", dict(n_inducing=8, epochs=3, lr=0.1), dataset_overrides={"gp_sample": {"epochs": 5}})
+    protocol = replace(TINY, methods=(spec,), dataset_options={"friedman1": {"n": 120}, "gp_sample": {"n": 120}})
+    runs = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lambda _: None,
+                                     options={"epochs": 2})).runs()
+    assert {r["epochs"] for r in runs} == {2}
+    assert all(r["options"]["epochs"] == 2 and r["options"]["n_inducing"] == 8 for r in runs)
+
+
+def test_cli_bench_passes_its_options_to_the_runner(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(runner, "run_protocol", lambda protocol, **kw: seen.update(kw) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["bench", "--protocol", "quick", "--option", "epochs=2", "--option", "batch-size=64",
+              "--out", str(tmp_path)])
+    assert seen["options"] == {"epochs": 2, "batch_size": 64}
+
+
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
     """val_fraction and patience are training options: fit() holds out the rows and stops early; given to the
     model's constructor they would be an unknown option and the run an error."""

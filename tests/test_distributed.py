@@ -103,7 +103,7 @@ def run_distributed(method, tmp_path, options=None):
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(WORLD)]
 
 
-def run_one_process(method):
+def run_one_process(method, options=None):
     """One process on all rows, initialised as the job is: on rank 0's shard."""
     X, y, X_test = data()
     model = make(method)
@@ -111,9 +111,18 @@ def run_one_process(method):
     rank0 = shards()[0]
     model.initialise(X[rank0], y[rank0], seed=FIT["seed"])
     model.initialise = lambda *args, **kwargs: None
-    fit(model, X, y, **FIT)
+    fit(model, X, y, **{**FIT, **(options or {})})
     mean, var = model.predict(X_test)
     return {"state": model.state_dict(), "mean": mean, "var": var}
+
+
+def assert_same_fit(ranks, single, **tolerance):
+    for rank in ranks:
+        for name, value in single["state"].items():
+            if torch.is_tensor(value):
+                torch.testing.assert_close(rank["state"][name], value, **tolerance, msg=name)
+        torch.testing.assert_close(rank["mean"], single["mean"], **tolerance)
+        torch.testing.assert_close(rank["var"], single["var"], **tolerance)
 
 
 # GRIEF (and GRIEF-I) start the noise at its optimum, where its gradient is ~4e-10: its round-off (the ranks sum the
@@ -123,15 +132,16 @@ TOLERANCE = {"grief": dict(rtol=1e-6, atol=1e-7), "grief-i": dict(rtol=1e-6, ato
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_two_processes_train_and_predict_as_one(method, tmp_path):
-    ranks = run_distributed(method, tmp_path)
-    single = run_one_process(method)
-    tolerance = TOLERANCE.get(method, dict(rtol=1e-9, atol=1e-10))
-    for rank in ranks:
-        for name, value in single["state"].items():
-            if torch.is_tensor(value):
-                torch.testing.assert_close(rank["state"][name], value, **tolerance, msg=name)
-        torch.testing.assert_close(rank["mean"], single["mean"], **tolerance)
-        torch.testing.assert_close(rank["var"], single["var"], **tolerance)
+    assert_same_fit(run_distributed(method, tmp_path), run_one_process(method),
+                    **TOLERANCE.get(method, dict(rtol=1e-9, atol=1e-10)))
+
+
+@pytest.mark.parametrize("method", ["sgpr", "exact"])
+def test_lbfgs_in_two_processes_takes_the_steps_of_one(method, tmp_path):
+    # every rank's L-BFGS sees the all-reduced loss and gradient, so the ranks step alike, as one process does
+    options = dict(optimizer="lbfgs", epochs=20)
+    assert_same_fit(run_distributed(method, tmp_path, options), run_one_process(method, options),
+                    rtol=1e-7, atol=1e-8)
 
 
 def test_validation_takes_the_mean_nlpd_over_every_ranks_held_out_rows(tmp_path):
@@ -194,14 +204,43 @@ def test_shards_cover_the_global_rows_in_rank_order():
     assert Shard.of(10, LOCAL) == Shard(offset=0, n=10, n_global=10)
 
 
-def test_what_data_parallelism_does_not_support_yet_is_refused():
+def _bench_worker_failing_on_rank_1(rank, port, out):
+    from gpscale.bench import runner
+    from gpscale.bench.protocols import get_protocol
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    train = runner._run_ours
+
+    def run_ours(*args):  # (spec, options, train, X, y, seed, progress, trained, comm)
+        if rank == 1 and args[-1].world_size > 1:
+            raise MemoryError("planted: out of memory on rank 1 alone")
+        return train(*args)
+
+    runner._run_ours = run_ours
+    runner.run_protocol(get_protocol("quick"), out_dir=out, methods=["svgp"], datasets=["friedman1"],
+                        comm=TorchComm(), progress=False, log=lambda message: None)
+
+
+def test_a_run_failing_on_one_rank_stops_the_job_instead_of_stalling_it(tmp_path):
+    # rank 0 trains and waits in a collective for rank 1, whose run failed: recording the failure and going on
+    # would leave rank 0 waiting for good (spawn's deadline); raising ends rank 1, and the launcher stops rank 0
+    with pytest.raises(mp.ProcessRaisedException, match="Rank 1: svgp on friedman1 failed .*MemoryError"):
+        spawn(_bench_worker_failing_on_rank_1, free_port(), str(tmp_path), timeout=120)
+
+
+def test_what_data_parallelism_does_not_support_is_refused():
     class TwoRanks(LocalComm):
         world_size = 2
 
     X, y, _ = data()
+    model = get_model_class("sgpr")(D, n_inducing=4).double()
+    model.data_parallel = None  # a loss that does not say how it splits over processes
+    with pytest.raises(NotImplementedError, match="does not split over processes"):
+        fit(model, X, y, comm=TwoRanks(), progress=False)
+    model.data_parallel = "rows"  # a full-batch loss over each rank's rows alone: L-BFGS would see no sum
     with pytest.raises(NotImplementedError, match="optimizer='lbfgs'"):
-        fit(get_model_class("sgpr")(D, n_inducing=4).double(), X, y, comm=TwoRanks(), optimizer="lbfgs",
-            progress=False)
+        fit(model, X, y, comm=TwoRanks(), optimizer="lbfgs", progress=False)
 
 
 def test_torch_comm_needs_an_initialised_group_and_from_env_needs_torchrun(monkeypatch):

@@ -43,7 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="train a model on a CSV file and save it")
     p.add_argument("data", type=Path, help="CSV file with a header row; every column but the target is a feature")
     p.add_argument("--target", required=True, help="name of the target column")
-    p.add_argument("--method", default="sgpr", help="exact, sgpr, svgp, ... (default: sgpr)")
+    p.add_argument("--method", default=None, help="exact, sgpr, svgp, ... (default: sgpr; svgp with --classify)")
+    p.add_argument("--classify", action="store_true",
+                   help="the target holds class labels: a GPClassifier (probit for two classes, robust-max for "
+                        "more) with a variational method")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write (e.g. model.gps)")
     p.add_argument("--n-inducing", type=int, default=512)
     p.add_argument("--epochs", type=int, default=50)
@@ -79,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="skip runs already in the results file")
     p.add_argument("--data-dir", default=None, help="data folder (default: $GPSCALE_DATA)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="replace a method option for every method run, repeatable (e.g. --option epochs=2); the "
+                        "results record the options that ran")
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel under torchrun: each process trains on its block of the training rows; "
                         "rank 0 scores, stores and reports")
@@ -196,45 +202,47 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fit(args) -> None:
-    import os
 
     import torch
 
-    from .distributed import LOCAL, TorchComm
-    from .estimator import GPRegressor
+    from .distributed import LOCAL, TorchComm, process_device
+    from .estimator import GPClassifier, GPRegressor
     from .models import get_model_class
 
+    method = args.method or ("svgp" if args.classify else "sgpr")
     comm, device = LOCAL, args.device
     if args.distributed:
-        comm = TorchComm.from_env()
-        if device == "cuda":  # one GPU per process
-            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+        comm, device = TorchComm.from_env(device), process_device(device)
     names, table = _read_csv(args.data, shard=(comm.rank, comm.world_size))
     if args.target not in names:
         raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
     target = names.index(args.target)
     features = [n for i, n in enumerate(names) if i != target]
     X, y = np.delete(table, target, axis=1), table[:, target]
-    lr = args.lr if args.lr is not None else (0.1 if get_model_class(args.method).full_batch else 0.01)
-    reg = GPRegressor(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs,
-                      batch_size=args.batch_size, lr=lr, optimizer=args.optimizer, kernel=args.kernel,
-                      val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype, device=device,
-                      progress=not args.quiet, distributed=args.distributed,
-                      **_parse_options(args.option))
+    lr = args.lr if args.lr is not None else (0.1 if get_model_class(method).full_batch else 0.01)
+    common = dict(method=method, n_inducing=args.n_inducing, epochs=args.epochs, batch_size=args.batch_size, lr=lr,
+                  kernel=args.kernel, val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
+                  device=device, progress=not args.quiet, distributed=args.distributed, **_parse_options(args.option))
+    if args.classify:
+        if args.optimizer != "adam":
+            raise ValueError("--classify trains with Adam on minibatches; drop --optimizer.")
+        reg = GPClassifier(**common)
+    else:
+        reg = GPRegressor(optimizer=args.optimizer, **common)
     reg.fit(X, y)
     reg.save(args.output, metadata={"feature_names": features, "target": args.target})
     if comm.rank == 0:
         where = f" ({comm.world_size} processes)" if comm.world_size > 1 else ""
-        print(f"fitted {args.method} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
+        print(f"fitted {method} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
               f"features in {reg.training_seconds_:.1f} s{where}; saved {args.output}")
     else:
         comm.all_reduce_sum(torch.tensor(len(y)))  # every rank joins the collective
 
 
 def _predict(args) -> None:
-    from .estimator import GPRegressor
+    from .estimator import GPClassifier, load
 
-    reg = GPRegressor.load(args.model)
+    reg = load(args.model)
     names, table = _read_csv(args.data)
     wanted = reg.metadata_.get("feature_names")
     if wanted is not None:
@@ -242,19 +250,24 @@ def _predict(args) -> None:
         if missing:
             raise ValueError(f"{args.data} lacks the model's feature columns: {', '.join(missing)}.")
         table = table[:, [names.index(n) for n in wanted]]
-    mean, std = reg.predict(table, return_std=True)
+    if isinstance(reg, GPClassifier):  # the most probable label, then each class's probability
+        proba = reg.predict_proba(table)
+        header = ["label", *(f"p_{c}" for c in reg.classes_.tolist())]
+        rows = [[label, *p] for label, p in zip(reg.classes_[proba.argmax(1)].tolist(), proba.tolist())]
+    else:
+        mean, std = reg.predict(table, return_std=True)
+        header, rows = ["mean", "std"], list(zip(mean.tolist(), std.tolist()))
     with open(args.output, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["mean", "std"])
-        writer.writerows(zip(mean.tolist(), std.tolist()))
-    print(f"wrote {len(mean)} predictions to {args.output}")
+        writer.writerow(header)
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} predictions to {args.output}")
 
 
 def _bench(args) -> None:
-    import os
     import time
 
-    from .distributed import LOCAL, TorchComm
+    from .distributed import LOCAL, TorchComm, process_device
     from .bench.protocols import PROTOCOLS, get_protocol
     from .bench.report import print_table, write_report
     from .bench.runner import run_protocol
@@ -266,16 +279,15 @@ def _bench(args) -> None:
         return
     comm, device = LOCAL, args.device
     if args.distributed:
-        comm = TorchComm.from_env()
-        if device == "cuda":  # one GPU per process
-            device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"
+        comm, device = TorchComm.from_env(device), process_device(device)
     protocol = get_protocol(args.protocol)
     out = args.out or Path("results") / protocol.name
     say = print if comm.rank == 0 else (lambda *_: None)
     say(f"gpscale bench: protocol {protocol.name} v{protocol.version}: {protocol.description}")
     tic = time.perf_counter()
     path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
-                        data_dir=args.data_dir, resume=args.resume, device=device, comm=comm)
+                        data_dir=args.data_dir, resume=args.resume, device=device, comm=comm,
+                        options=_parse_options(args.option))
     if comm.rank != 0:  # rank 0 writes the report
         return
     runs = ResultsStore(path).runs(protocol.name)

@@ -71,6 +71,12 @@ class LocalComm(Comm):
 LOCAL = LocalComm()
 
 
+def process_device(device: str) -> str:
+    """This process's device: "cuda" becomes the GPU of torchrun's LOCAL_RANK (one GPU per process); anything
+    else (cpu, cuda:1) is kept."""
+    return f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if device == "cuda" else device
+
+
 class TorchComm(Comm):
     """The processes of a ``torch.distributed`` group (the default group unless ``group`` is given).
 
@@ -88,11 +94,14 @@ class TorchComm(Comm):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        # nccl reduces CUDA tensors only; a CPU tensor (a row count, say) travels through this process's GPU
+        nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
     @classmethod
-    def from_env(cls, backend: str | None = None) -> TorchComm:
-        """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); the
-        backend defaults to nccl where CUDA is available and gloo otherwise."""
+    def from_env(cls, device: str = "cpu") -> TorchComm:
+        """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with
+        the backend that suits ``device``: nccl for CUDA, gloo for the CPU (also on a machine that has GPUs)."""
         import torch.distributed as dist
 
         missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
@@ -100,7 +109,10 @@ class TorchComm(Comm):
             raise RuntimeError(f"The environment lacks {', '.join(missing)}: start the job with torchrun, e.g. "
                                "`torchrun --nproc-per-node 2 -m gpscale fit ... --distributed`.")
         if not dist.is_initialized():
-            dist.init_process_group(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+            cuda = torch.device(device).type == "cuda"
+            if cuda:
+                torch.cuda.set_device(process_device(device))
+            dist.init_process_group("nccl" if cuda else "gloo")
         return cls()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
@@ -111,7 +123,10 @@ class TorchComm(Comm):
         return _Select.apply(tensor, self, int(values.argmax()), values.max())
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Tensor:
-        self._dist.broadcast(tensor, src, group=self.group)
+        staged = self._staged(tensor)
+        self._dist.broadcast(staged, src, group=self.group)
+        if staged is not tensor:
+            tensor.copy_(staged)
         return tensor
 
     def all_gather(self, tensor: Tensor) -> Tensor:
@@ -123,14 +138,19 @@ class TorchComm(Comm):
         # the collective needs equal shapes: pad every part to the longest, then cut each back
         padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
+        padded = self._staged(padded)
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         self._dist.all_gather(parts, padded, group=self.group)
-        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)]).to(tensor.device)
 
     def _sum(self, tensor: Tensor) -> Tensor:
-        out = tensor.detach().clone().contiguous()
+        out = self._staged(tensor.detach().clone().contiguous())
         self._dist.all_reduce(out, group=self.group)
-        return out
+        return out.to(tensor.device)
+
+    def _staged(self, tensor: Tensor) -> Tensor:
+        """``tensor`` on the device the backend reduces on (itself where it is there already)."""
+        return tensor if tensor.device == self.device else tensor.to(self.device)
 
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)

@@ -13,6 +13,7 @@ import torch
 from scipy.optimize import minimize
 from torch import Tensor
 
+from .distributed import LOCAL, Comm
 from .linalg import NotPSDError
 
 __all__ = ["minimise", "LbfgsResult", "FAILED_LOSS"]
@@ -39,7 +40,8 @@ class LbfgsResult:
 
 
 def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[tuple[float, float]] | None = None,
-             max_iterations: int = 1000, callback: Callable[[int, float], None] | None = None) -> LbfgsResult:
+             max_iterations: int = 1000, callback: Callable[[int, float], None] | None = None,
+             comm: Comm = LOCAL) -> LbfgsResult:
     """Minimise ``loss()`` over the tensors ``params`` (flattened, in order) by scipy's L-BFGS-B with autograd
     gradients, and leave them at the best point evaluated (not always scipy's last one).
 
@@ -48,6 +50,9 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
         bounds: (lower, upper) per flattened entry, or None for no box.
         max_iterations: scipy's ``maxiter``; its tolerances are the defaults (factr 1e7, pgtol 1e-5), as GPy's.
         callback: called after each iteration with its number (from 0) and the loss there.
+        comm: the processes of a data-parallel job, each minimising with ``loss()`` its share of the one loss:
+            the shares' values and gradients are summed across them, so every process sees the same numbers and
+            takes the same steps.
 
     A point where ``loss`` raises :class:`~gpscale.linalg.NotPSDError` or gives a non-finite value or gradient
     counts as ``FAILED_LOSS`` with a zero gradient, so the line search backtracks from it. When no point could be
@@ -68,6 +73,9 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
         try:
             value = loss()
             grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)])
+            if comm.world_size > 1:  # one collective for the value and the gradient
+                value, grad = comm.all_reduce_sum(torch.cat([value.detach().reshape(1), grad])).split(
+                    [1, grad.numel()])
         except NotPSDError:
             state["failures"] += 1
             return FAILED_LOSS, np.zeros_like(x)

@@ -110,7 +110,7 @@ def fit(
             :class:`~gpscale.models.base.GPModel`): full-batch models all-reduce their statistics inside the loss,
             and a loss that couples a batch's rows (SoftKI) gets the whole gathered batch on every rank. With
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
-            over all held-out rows. Not yet: L-BFGS.
+            over all held-out rows. L-BFGS works on the losses that all-reduce their statistics.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -137,7 +137,7 @@ def fit(
     for attempt in range(max_restarts + 1 if model.trainable else 0):
         try:
             if optimizer == "lbfgs":
-                _optimise_lbfgs(model, X_fit, y_fit, result, max_iterations=epochs, progress=progress)
+                _optimise_lbfgs(model, X_fit, y_fit, result, max_iterations=epochs, progress=progress, comm=comm)
             else:
                 _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
                           batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
@@ -213,13 +213,14 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         result.best_epoch = best["epoch"]
 
 
-def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress) -> None:
-    """L-BFGS-B on the full-batch loss; one history record per iteration."""
+def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress, comm=LOCAL) -> None:
+    """L-BFGS-B on the full-batch loss; one history record per iteration. Under data parallelism each rank's
+    share is 1/W of the loss, whose statistics the model all-reduces, and lbfgs sums the shares' gradients."""
     model.clear_cache()
     model.train()
     params = [p for group in model.parameter_groups() for p in group["params"]]
     bar = tqdm(total=max_iterations, desc=model.key or "fit", unit="it", leave=False,
-               disable=not (progress and sys.stderr.isatty()))
+               disable=not (progress and sys.stderr.isatty() and comm.rank == 0))
     clock = {"tic": time.perf_counter()}
 
     def record(iteration: int, loss: float) -> None:
@@ -229,8 +230,15 @@ def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress) -> None:
         bar.update()
         bar.set_postfix(loss=f"{loss:.4g}")
 
-    fitted = lbfgs.minimise(lambda: model.loss(X, y, num_data=X.shape[0]), params, max_iterations=max_iterations,
-                            callback=record)
+    if comm.world_size == 1:  # the one-process contract: (X, y, num_data)
+        def loss():
+            return model.loss(X, y, num_data=X.shape[0])
+    else:
+        n = Shard.of(X.shape[0], comm).n_global
+
+        def loss():
+            return model.loss(X, y, num_data=n, comm=comm) / comm.world_size
+    fitted = lbfgs.minimise(loss, params, max_iterations=max_iterations, callback=record, comm=comm)
     bar.close()
     model.eval()
     if not fitted.evaluated:
@@ -406,9 +414,10 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
 def _check_distributable(model, comm, *, optimizer) -> None:
     if comm.world_size == 1:
         return
-    unsupported = {"optimizer='lbfgs'": optimizer == "lbfgs",
-                   f"{model.key or type(model).__name__}'s loss, which does not split over processes":
-                       model.data_parallel is None}
+    unsupported = {f"{model.key or type(model).__name__}'s loss, which does not split over processes":
+                       model.data_parallel is None,
+                   "optimizer='lbfgs' on a loss that does not all-reduce its statistics":
+                       optimizer == "lbfgs" and model.data_parallel != "statistics"}
     for what, given in unsupported.items():
         if given:
             raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "

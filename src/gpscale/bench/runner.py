@@ -46,13 +46,14 @@ CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] | None = None,
                  datasets: list[str] | None = None, splits: list[int] | None = None, data_dir: str | None = None,
                  resume: bool = False, device: str = "cpu", progress: bool = True,
-                 log: Callable[[str], None] = print, comm: Comm = LOCAL) -> Path:
+                 log: Callable[[str], None] = print, comm: Comm = LOCAL, options: dict | None = None) -> Path:
     """Run ``protocol`` (optionally a subset) and append every run to ``out_dir/results.sqlite``.
 
     Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
     Returns the path of the results file. Under data parallelism (``comm`` of W processes, all running this with
     the same arguments) each process trains on its block of the training rows, and rank 0 scores the test set,
     writes the results and logs; the GPyTorch peers, which run in one process, are recorded as errors.
+    ``options`` replace the protocol's method options (e.g. ``{"epochs": 2}``) in every run.
     """
     if comm.rank == 0:  # rank 0 creates the results file; the others open it after (for --resume)
         store = ResultsStore(Path(out_dir) / "results.sqlite")
@@ -75,7 +76,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                 ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
                                   **protocol.dataset_options.get(name, {}))
                 trained: dict = {}  # trained models of this split and seed, for posterior-only variants
-                for spec in (_on_dataset(s, name) for s in specs):
+                for spec in (_on_dataset(s, name, options) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:
                         continue
                     base = {"protocol": protocol.name, "protocol_version": protocol.version, "method": spec.name,
@@ -95,7 +96,9 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
 
 def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False,
             trained: dict | None = None, comm: Comm = LOCAL) -> dict:
-    """Train and evaluate one method on one dataset split; never raises (an error becomes the record).
+    """Train and evaluate one method on one dataset split. In one process it never raises: an error becomes the
+    record. Under data parallelism an error stops the job instead, since the other ranks may be waiting for this
+    one in a collective (torchrun then stops them all); rerun with ``resume`` to skip the runs recorded so far.
 
     ``trained`` (optional, per split and seed) keeps our trained models, so that an entry differing from an
     earlier one only in posterior options refits that model's posterior instead of training again.
@@ -105,6 +108,8 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
     Xtr, ytr = (torch.tensor(a[first:last], dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train))
     Xte = torch.tensor(ds.X_test, dtype=torch_dtype, device=device)
+    if spec.key.startswith("gpytorch-") and comm.world_size > 1:  # refused alike on every rank, before any collective
+        return {**record, "status": "error", "error": "NotImplementedError: The GPyTorch peers run in one process."}
     try:
         train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
         options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
@@ -112,8 +117,6 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             options["n_inducing"] = min(options["n_inducing"], ds.n_train)
         with PeakMemory(device) as peak:
             tic = time.perf_counter()
-            if spec.key.startswith("gpytorch-") and comm.world_size > 1:
-                raise NotImplementedError("The GPyTorch peers run in one process.")
             if spec.key.startswith("gpytorch-"):
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
@@ -138,13 +141,18 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
                                                         "peak_memory_mb": peak_mb}
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
+        if comm.world_size > 1:
+            raise RuntimeError(f"Rank {comm.rank}: {spec.name} on {ds.name} failed ({type(err).__name__}: {err}). "
+                               "The job stops, since the other ranks may be waiting for this one; the runs "
+                               "recorded so far stay, and --resume skips them.") from err
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
 
 
-def _on_dataset(spec: MethodSpec, dataset: str) -> MethodSpec:
-    """``spec`` with its options for ``dataset`` merged in: what runs and what the record's options say."""
-    overrides = spec.dataset_overrides.get(dataset)
+def _on_dataset(spec: MethodSpec, dataset: str, options: dict | None = None) -> MethodSpec:
+    """``spec`` with its options for ``dataset``, then ``options``, merged in: what runs and what the record's
+    options say."""
+    overrides = {**spec.dataset_overrides.get(dataset, {}), **(options or {})}
     return replace(spec, options={**spec.options, **overrides}, dataset_overrides={}) if overrides else spec
 
 

@@ -170,7 +170,7 @@ class SubspaceNegation(GroupAction):
         U = torch.as_tensor(U, dtype=torch.float64).detach()
         if U.ndim != 2 or U.shape[1] < 1:
             raise ValueError(f"U must be [d, k] with k >= 1 columns; got shape {tuple(U.shape)}.")
-        gram_error = (U.T @ U - torch.eye(U.shape[1], dtype=U.dtype)).abs().max().item()
+        gram_error = (U.T @ U - torch.eye(U.shape[1], dtype=U.dtype, device=U.device)).abs().max().item()
         if gram_error > atol:
             raise ValueError(f"The columns of U must be orthonormal: max |U^T U - I| = {gram_error:.2e}. Take them "
                              "from an eigendecomposition or a QR factorisation.")
@@ -248,7 +248,7 @@ class OrthogonalAction(GroupAction):
         P = operator.index(P)
         if R.ndim != 2 or R.shape[0] != R.shape[1] or P < 1:
             raise ValueError(f"R must be square [d, d] and P >= 1; got shape {tuple(R.shape)} and P={P}.")
-        eye = torch.eye(R.shape[0], dtype=R.dtype)
+        eye = torch.eye(R.shape[0], dtype=R.dtype, device=R.device)
         if not torch.allclose(R.T @ R, eye, rtol=0, atol=atol):
             raise ValueError("R must be orthogonal (R^T R = I).")
         powers = [eye]

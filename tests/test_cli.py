@@ -40,6 +40,26 @@ def test_fit_then_predict_writes_mean_and_std_matching_the_python_api(tmp_path, 
     np.testing.assert_allclose([float(r["std"]) for r in rows], std, rtol=1e-12)
 
 
+def test_fit_classify_then_predict_writes_labels_and_probabilities(tmp_path, train_csv):
+    path, X, y = train_csv
+    labelled = tmp_path / "labelled.csv"
+    with open(labelled, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "label"])
+        w.writerows(np.c_[X, (y > np.median(y)).astype(int)].tolist())
+    model, out = tmp_path / "c.gps", tmp_path / "out.csv"
+    assert main(["fit", str(labelled), "--target", "label", "--classify", "-o", str(model), "--n-inducing", "10",
+                 "--epochs", "30", "--batch-size", "40", "--quiet"]) == 0
+    assert main(["predict", str(model), str(labelled), "-o", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    from gpscale import GPClassifier, load
+    clf = load(model)
+    assert isinstance(clf, GPClassifier) and clf.method == "svgp" and list(rows[0]) == ["label", "p_0.0", "p_1.0"]
+    np.testing.assert_allclose([[float(r["p_0.0"]), float(r["p_1.0"])] for r in rows], clf.predict_proba(X),
+                               rtol=1e-12)
+    assert [float(r["label"]) for r in rows] == clf.predict(X).tolist()
+
+
 @pytest.mark.parametrize("args, message", [
     (["fit", "{train}", "--target", "nope", "-o", "{tmp}/m.gps"], "no column 'nope'"),
     (["fit", "{tmp}/missing.csv", "--target", "y", "-o", "{tmp}/m.gps"], "No such file"),

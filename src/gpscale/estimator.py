@@ -1,4 +1,4 @@
-"""GPRegressor: every gpscale method behind the scikit-learn estimator contract."""
+"""GPRegressor and GPClassifier: the gpscale methods behind the scikit-learn estimator contract."""
 from __future__ import annotations
 
 import inspect
@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
@@ -17,12 +18,162 @@ from .models import get_model_class
 from .models.base import GPModel
 from .train import fit
 
-__all__ = ["GPRegressor"]
+__all__ = ["GPRegressor", "GPClassifier", "load"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
-class GPRegressor(RegressorMixin, BaseEstimator):
+class _GPEstimator(BaseEstimator):
+    """What the regressor and the classifier share: the method options as parameters, standardised X, training,
+    the latent predictive, and saving and loading. Subclasses define ``fit`` and what their model file adds, and
+    list every parameter in their own ``__init__`` (scikit-learn reads them from its signature)."""
+
+    def __init__(self, method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
+                 progress, distributed, method_options: dict):
+        self.method = method
+        self.n_inducing = n_inducing
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.kernel = kernel
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.dtype = dtype
+        self.device = device
+        self.progress = progress
+        self.distributed = distributed
+        self._method_options = tuple(sorted(method_options))
+        for name, value in method_options.items():
+            setattr(self, name, value)
+
+    def get_params(self, deep=True):
+        params = super().get_params(deep=deep)
+        params.update({name: getattr(self, name) for name in self._method_options})
+        return params
+
+    # --- fitting -----------------------------------------------------------------------------------------
+    def _comm(self) -> Comm:
+        return TorchComm.from_env(self.device) if self.distributed else LOCAL
+
+    def _train(self, X: np.ndarray, targets: np.ndarray, n: int, comm: Comm, common: dict, **training) -> None:
+        """Standardise X with its global statistics, build the method with ``common`` options (those it accepts)
+        and the method options, and train it on (X, targets)."""
+        _, x_mean, x_std = _global_moments(X, comm)
+        self.x_mean_, self.x_std_ = x_mean, _safe_std(x_std)
+        self.rank_ = comm.rank
+        cls = get_model_class(self.method)
+        options = self._model_options(cls, n, common)
+        model = cls(X.shape[1], **options).to(dtype=self._torch_dtype(), device=torch.device(self.device))
+        tic = time.perf_counter()
+        self.fit_result_ = fit(model, self._to_tensor(self._scale_x(X)), self._to_tensor(targets),
+                               epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
+                               val_fraction=self.val_fraction, seed=self.seed, progress=self.progress, comm=comm,
+                               **training)
+        self.training_seconds_ = time.perf_counter() - tic
+        self.model_options_ = options
+        self.model_ = model
+
+    def _model_options(self, cls: type[GPModel], n: int, common: dict) -> dict:
+        """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked)."""
+        accepted = _option_names(cls)
+        options = {k: v for k, v in {"n_inducing": min(int(self.n_inducing), n), **common}.items()
+                   if k in accepted and v is not None}
+        for name in self._method_options:
+            if name not in accepted:
+                raise ValueError(f"Method {self.method!r} has no option {name!r}. Its options: "
+                                 f"{', '.join(sorted(accepted))}.")
+            options[name] = getattr(self, name)
+        for name in cls.sizes_capped_by_rows:  # e.g. the mean basis of odvgp / odvff: at most one per row
+            options[name] = min(int(options.get(name, _option_default(cls, name))), n)
+        return options
+
+    # --- prediction --------------------------------------------------------------------------------------
+    def _latent(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latent predictive (mean, variance) at X, after the checks every predict method makes (call it
+        without autograd)."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
+        return self.model_.predict(self._to_tensor(self._scale_x(X)))
+
+    # --- persistence -------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, metadata: dict | None = None) -> None:
+        """Write the fitted model to one file (atomically); :meth:`load` reads it back.
+
+        ``metadata`` (JSON-serialisable, e.g. feature names) is stored alongside and restored as ``metadata_``.
+        """
+        check_is_fitted(self, "model_")
+        if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
+            return
+        header = {
+            "kind": type(self).__name__,
+            "gpscale_version": __version__,
+            "torch_version": torch.__version__,
+            "params": _jsonable(self.get_params()),
+            "model_options": _jsonable(self.model_options_),
+            "n_features_in": int(self.n_features_in_),
+            **self._header(),
+            "dtype": self.dtype,
+            "metadata": metadata or {},
+        }
+        tensors = {"model": self.model_.state_dict(), "x_mean": torch.as_tensor(self.x_mean_),
+                   "x_std": torch.as_tensor(self.x_std_)}
+        write_model_file(path, header, tensors)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str | None = None):
+        """Read a model written by :meth:`save`; predictions are identical to the saved model's."""
+        header, tensors = read_model_file(path)
+        if header.get("kind") != cls.__name__:
+            raise ModelFileError(f"{path} holds a {header.get('kind')!r}, not a {cls.__name__}.")
+        return cls._restore(path, header, tensors, device)
+
+    @classmethod
+    def _restore(cls, path, header: dict, tensors: dict, device: str | None):
+        try:
+            params = dict(header["params"])
+            if device is not None:
+                params["device"] = device
+            est = cls(**params)
+            model_cls = get_model_class(est.method)
+            model = model_cls(header["n_features_in"], **header["model_options"])
+            # cast before loading: load_state_dict copies into the parameters' current dtype
+            model.to(dtype=est._torch_dtype(), device=torch.device(est.device))
+            model.load_state_dict(tensors["model"])
+            device = torch.device(est.device)  # a list holds per-device factors (HVGP's placed blocks)
+            model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
+                           for k, v in model.cache.items()}
+            est.model_ = model.eval()
+            est.model_options_ = header["model_options"]
+            est.n_features_in_ = header["n_features_in"]
+            est.x_mean_, est.x_std_ = tensors["x_mean"].numpy(), tensors["x_std"].numpy()
+            est._restore_header(header)
+            est.metadata_ = header["metadata"]
+        except (KeyError, TypeError, RuntimeError, ValueError) as err:
+            raise ModelFileError(f"{path} could not be restored as a {cls.__name__} ({err}); it may come from an "
+                                 "incompatible gpscale version.") from err
+        return est
+
+    def _header(self) -> dict:  # pragma: no cover - interface
+        """What this estimator's model file holds beyond the model and the X scaling."""
+        raise NotImplementedError
+
+    def _restore_header(self, header: dict) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _torch_dtype(self) -> torch.dtype:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}.")
+        return _DTYPES[self.dtype]
+
+    def _scale_x(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.x_mean_) / self.x_std_
+
+    def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
+        return torch.tensor(a, dtype=self._torch_dtype(), device=torch.device(self.device))
+
+
+class GPRegressor(RegressorMixin, _GPEstimator):
     """Gaussian-process regression with any gpscale method.
 
     X is standardised per column and y to zero mean and unit variance with training statistics, which are
@@ -72,152 +223,133 @@ class GPRegressor(RegressorMixin, BaseEstimator):
     def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, optimizer="adam",
                  kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
                  progress=True, distributed=False, **method_options):
-        self.method = method
-        self.n_inducing = n_inducing
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.lr = lr
         self.optimizer = optimizer
-        self.kernel = kernel
         self.noise = noise
         self.learn_noise = learn_noise
-        self.val_fraction = val_fraction
-        self.seed = seed
-        self.dtype = dtype
-        self.device = device
-        self.progress = progress
-        self.distributed = distributed
-        self._method_options = tuple(sorted(method_options))
-        for name, value in method_options.items():
-            setattr(self, name, value)
+        super().__init__(method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
+                         progress, distributed, method_options)
 
-    # --- scikit-learn parameter protocol (the method options are parameters too) -------------------------
-    def get_params(self, deep=True):
-        params = super().get_params(deep=deep)
-        params.update({name: getattr(self, name) for name in self._method_options})
-        return params
-
-    # --- fitting -----------------------------------------------------------------------------------------
     def fit(self, X, y):
         """Standardise, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
                              dtype=np.float64)
-        comm = TorchComm.from_env() if self.distributed else LOCAL
-        n, x_mean, x_std = _global_moments(X, comm)
-        _, y_mean, y_std = _global_moments(y, comm)
+        comm = self._comm()
+        n, y_mean, y_std = _global_moments(y, comm)
         if y_std == 0:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
-        dtype, device = self._torch_dtype(), torch.device(self.device)
-        self.x_mean_, self.x_std_ = x_mean, _safe_std(x_std)
         self.y_mean_, self.y_std_ = float(y_mean), float(y_std)
-        self.rank_ = comm.rank
-        Xt, yt = self._to_tensor(self._scale_x(X)), self._to_tensor((y - self.y_mean_) / self.y_std_)
-        cls = get_model_class(self.method)
-        options = self._model_options(cls, n)
-        model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
-        tic = time.perf_counter()
-        self.fit_result_ = fit(model, Xt, yt, epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                               optimizer=self.optimizer, val_fraction=self.val_fraction, seed=self.seed,
-                               progress=self.progress, comm=comm)
-        self.training_seconds_ = time.perf_counter() - tic
-        self.model_options_ = options
-        self.model_ = model
+        self._train(X, (y - self.y_mean_) / self.y_std_, n, comm,
+                    {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
+                    optimizer=self.optimizer)
         return self
 
-    def _model_options(self, cls: type[GPModel], n: int) -> dict:
-        """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked)."""
-        accepted = _option_names(cls)
-        common = {"n_inducing": min(int(self.n_inducing), n), "kernel": self.kernel, "noise": self.noise,
-                  "learn_noise": self.learn_noise}
-        options = {k: v for k, v in common.items() if k in accepted and v is not None}
-        for name in self._method_options:
-            if name not in accepted:
-                raise ValueError(f"Method {self.method!r} has no option {name!r}. Its options: "
-                                 f"{', '.join(sorted(accepted))}.")
-            options[name] = getattr(self, name)
-        for name in cls.sizes_capped_by_rows:  # e.g. the mean basis of odvgp / odvff: at most one per row
-            options[name] = min(int(options.get(name, _option_default(cls, name))), n)
-        return options
-
-    # --- prediction --------------------------------------------------------------------------------------
+    @torch.no_grad()
     def predict(self, X, return_std=False):
         """Predictive mean (n*,) of y, and with ``return_std=True`` its standard deviation (noise included)."""
-        check_is_fitted(self, "model_")
-        X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
-        with torch.no_grad():
-            mean_f, var_f = self.model_.predict(self._to_tensor(self._scale_x(X)))
-            mean, var = self.model_.likelihood.predictive(mean_f, var_f)
+        mean_f, var_f = self._latent(X)
+        mean, var = self.model_.likelihood.predictive(mean_f, var_f)
         mean = mean.double().cpu().numpy() * self.y_std_ + self.y_mean_
         if not return_std:
             return mean
         return mean, np.sqrt(var.double().cpu().numpy()) * self.y_std_
 
-    # --- persistence -------------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, metadata: dict | None = None) -> None:
-        """Write the fitted model to one file (atomically); :meth:`load` reads it back.
+    def _header(self) -> dict:
+        return {"scaling": {"y_mean": self.y_mean_, "y_std": self.y_std_}}
 
-        ``metadata`` (JSON-serialisable, e.g. feature names) is stored alongside and restored as ``metadata_``.
-        """
-        check_is_fitted(self, "model_")
-        if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
-            return
-        header = {
-            "kind": "GPRegressor",
-            "gpscale_version": __version__,
-            "torch_version": torch.__version__,
-            "params": _jsonable(self.get_params()),
-            "model_options": _jsonable(self.model_options_),
-            "n_features_in": int(self.n_features_in_),
-            "scaling": {"y_mean": self.y_mean_, "y_std": self.y_std_},
-            "dtype": self.dtype,
-            "metadata": metadata or {},
-        }
-        tensors = {"model": self.model_.state_dict(), "x_mean": torch.as_tensor(self.x_mean_),
-                   "x_std": torch.as_tensor(self.x_std_)}
-        write_model_file(path, header, tensors)
+    def _restore_header(self, header: dict) -> None:
+        self.y_mean_, self.y_std_ = header["scaling"]["y_mean"], header["scaling"]["y_std"]
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, device: str | None = None) -> "GPRegressor":
-        """Read a model written by :meth:`save`; predictions are identical to the saved model's."""
-        header, tensors = read_model_file(path)
-        if header.get("kind") != "GPRegressor":
-            raise ModelFileError(f"{path} holds a {header.get('kind')!r}, not a GPRegressor.")
-        try:
-            params = dict(header["params"])
-            if device is not None:
-                params["device"] = device
-            reg = cls(**params)
-            model_cls = get_model_class(reg.method)
-            model = model_cls(header["n_features_in"], **header["model_options"])
-            # cast before loading: load_state_dict copies into the parameters' current dtype
-            model.to(dtype=reg._torch_dtype(), device=torch.device(reg.device))
-            model.load_state_dict(tensors["model"])
-            device = torch.device(reg.device)  # a list holds per-device factors (HVGP's placed blocks)
-            model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
-                           for k, v in model.cache.items()}
-            reg.model_ = model.eval()
-            reg.model_options_ = header["model_options"]
-            reg.n_features_in_ = header["n_features_in"]
-            reg.x_mean_, reg.x_std_ = tensors["x_mean"].numpy(), tensors["x_std"].numpy()
-            reg.y_mean_, reg.y_std_ = header["scaling"]["y_mean"], header["scaling"]["y_std"]
-            reg.metadata_ = header["metadata"]
-        except (KeyError, TypeError, RuntimeError, ValueError) as err:
-            raise ModelFileError(f"{path} could not be restored as a GPRegressor ({err}); it may come from an "
-                                 "incompatible gpscale version.") from err
-        return reg
 
-    # --- helpers -----------------------------------------------------------------------------------------
-    def _torch_dtype(self) -> torch.dtype:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}.")
-        return _DTYPES[self.dtype]
+class GPClassifier(ClassifierMixin, _GPEstimator):
+    """Gaussian-process classification with a variational gpscale method.
 
-    def _scale_x(self, X: np.ndarray) -> np.ndarray:
-        return (X - self.x_mean_) / self.x_std_
+    Two classes use the probit (Bernoulli) likelihood, more the robust-max one (or ``likelihood="softmax"``),
+    each through the method's expected log-likelihood. Labels may be any values that ``numpy.unique`` sorts
+    (numbers under ``distributed=True``); X is standardised per column with training statistics.
 
-    def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
-        return torch.tensor(a, dtype=self._torch_dtype(), device=torch.device(self.device))
+    Parameters
+    ----------
+    method : str, default="svgp"
+        A method whose objective takes a non-Gaussian likelihood: ``"svgp"``, ``"hvgp"``, ``"odvgp"``,
+        ``"odvff"``, ``"vff-svgp"``; the others say so.
+    likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
+        None: "bernoulli" for two classes, "robustmax" for more.
+    n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device, progress, distributed,
+    **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the held-out labels).
+
+    Attributes
+    ----------
+    classes_ : ndarray (C,), the labels, sorted; ``predict_proba``'s columns follow them.
+    model_, n_features_in_, x_mean_, x_std_, training_seconds_, fit_result_ : as for :class:`GPRegressor`.
+    """
+
+    def __init__(self, method="svgp", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, kernel=None,
+                 likelihood=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu", progress=True,
+                 distributed=False, **method_options):
+        self.likelihood = likelihood
+        super().__init__(method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
+                         progress, distributed, method_options)
+
+    def fit(self, X, y):
+        """Train on X (n, d) and labels y (n,). Returns self."""
+        X, y = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=2, dtype=np.float64)
+        check_classification_targets(y)
+        comm = self._comm()
+        self.classes_ = _global_classes(y, comm)
+        C = len(self.classes_)
+        if C < 2:
+            raise ValueError(f"y holds one class only ({self.classes_[0]!r}): a classifier needs at least two.")
+        likelihood = self.likelihood or ("bernoulli" if C == 2 else "robustmax")
+        if likelihood == "bernoulli" and C > 2:
+            raise ValueError(f"likelihood='bernoulli' is for two classes, but y has {C}; use 'robustmax' or "
+                             "'softmax' (or leave likelihood=None).")
+        if likelihood not in ("bernoulli", "robustmax", "softmax"):
+            raise ValueError(f"likelihood must be None, 'bernoulli', 'robustmax' or 'softmax', got {likelihood!r}.")
+        codes = np.searchsorted(self.classes_, y).astype(np.float64)
+        targets = 2 * codes - 1 if likelihood == "bernoulli" else codes  # probit's labels are -1 / +1
+        n = int(comm.all_reduce_sum(torch.tensor(float(len(y)), dtype=torch.float64)).item())
+        self._train(X, targets, n, comm, {"kernel": self.kernel, "likelihood": likelihood,
+                                          "n_classes": None if likelihood == "bernoulli" else C})
+        return self
+
+    @torch.no_grad()
+    def predict_proba(self, X):
+        """Predictive class probabilities (n*, C), columns in the order of ``classes_``."""
+        mean_f, var_f = self._latent(X)
+        p = self.model_.likelihood.probability(mean_f, var_f).double().cpu().numpy()
+        return np.stack([1 - p, p], axis=1) if p.ndim == 1 else p
+
+    def predict(self, X):
+        """The most probable class (n*,) of each row."""
+        most_probable = self.predict_proba(X).argmax(axis=1)  # first: it checks that the model is fitted
+        return self.classes_[most_probable]
+
+    def _header(self) -> dict:
+        return {"classes": self.classes_.tolist()}
+
+    def _restore_header(self, header: dict) -> None:
+        self.classes_ = np.asarray(header["classes"])
+
+
+def load(path: str | os.PathLike, device: str | None = None) -> GPRegressor | GPClassifier:
+    """Load a model saved by :meth:`GPRegressor.save` or :meth:`GPClassifier.save`."""
+    header, tensors = read_model_file(path)
+    kinds = {klass.__name__: klass for klass in (GPRegressor, GPClassifier)}
+    if header.get("kind") not in kinds:
+        raise ModelFileError(f"{path} holds a {header.get('kind')!r}, not a GPRegressor or a GPClassifier.")
+    return kinds[header["kind"]]._restore(path, header, tensors, device)
+
+
+def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
+    """The sorted labels of every process's y."""
+    classes = np.unique(y)
+    if comm.world_size == 1:
+        return classes
+    if not np.issubdtype(classes.dtype, np.number):
+        raise ValueError("Under distributed=True the labels must be numbers (each process holds some of them); "
+                         f"got {classes.dtype}. Encode them as integers first.")
+    return np.unique(comm.all_gather(torch.as_tensor(classes, dtype=torch.float64)).numpy()).astype(classes.dtype)
 
 
 def _global_moments(A: np.ndarray, comm: Comm) -> tuple[int, np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ from gpscale import lbfgs
 from gpscale.linalg import NotPSDError
 from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
-from gpscale.train import TrainingError, fit
+from gpscale.train import TrainingError, _LinesPerMinute, fit, progress_bar
 
 
 def sgpr(d=2, m=10, **kw):
@@ -234,3 +234,16 @@ def test_lbfgs_refuses_a_minibatch_model():
     X, y = toy_regression(n=20)
     with pytest.raises(ValueError, match="minibatches"):
         fit(SVGP(2, n_inducing=4).double(), X, y, optimizer="lbfgs", progress=False)
+
+
+def test_progress_in_a_log_file_is_plain_lines_at_most_once_a_minute(capsys):
+    bar = progress_bar(range(50), desc="svgp", unit="epoch", enabled=True)  # pytest's stderr is no terminal
+    for _ in bar:
+        bar.set_postfix(loss=1.0)  # redraws the bar every step
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("svgp:") and "\r" not in lines[0]
+    every_redraw = _LinesPerMinute(interval=0.0)
+    for text in ("\rsvgp: 1/3", "\rsvgp: 2/3", "\r   \r"):
+        every_redraw.write(text)
+    assert capsys.readouterr().err == "svgp: 1/3\nsvgp: 2/3\n"

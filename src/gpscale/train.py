@@ -95,7 +95,8 @@ def fit(
         val_every: compute the validation NLPD every this many epochs (and after the last); the patience still
             counts epochs. Each check refits the posterior, which for full-batch models costs as much as an epoch.
         seed: seeds initialisation, shuffling and the validation split.
-        progress: show a tqdm bar with the loss (only when stderr is a terminal).
+        progress: show a progress bar with the loss (in a terminal; elsewhere a line a minute, see
+            :func:`progress_bar`).
         max_restarts: on :class:`NotPSDError` or a non-finite loss, restart from the initial parameters,
             perturbed, at most this many times; then raise with a remedy.
         checkpoint: a file written (atomically) after every epoch; with ``resume=True`` training continues
@@ -184,8 +185,8 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         trained = {id(p) for group in model.parameter_groups() for p in group["params"] if p.numel()}
         unused = any(id(p) not in trained for p in model.parameters() if p.requires_grad)
         objective = DistributedDataParallel(objective, find_unused_parameters=unused)
-    bar = tqdm(range(first, epochs), desc=model.key or "fit", unit="epoch", leave=False,
-               disable=not (progress and sys.stderr.isatty() and comm.rank == 0))
+    bar = progress_bar(range(first, epochs), desc=model.key or "fit", unit="epoch",
+                       enabled=progress and comm.rank == 0)
     for epoch in bar:
         tic = time.perf_counter()
         model.train()
@@ -219,8 +220,7 @@ def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress, comm=LOCAL
     model.clear_cache()
     model.train()
     params = [p for group in model.parameter_groups() for p in group["params"]]
-    bar = tqdm(total=max_iterations, desc=model.key or "fit", unit="it", leave=False,
-               disable=not (progress and sys.stderr.isatty() and comm.rank == 0))
+    bar = progress_bar(total=max_iterations, desc=model.key or "fit", unit="it", enabled=progress and comm.rank == 0)
     clock = {"tic": time.perf_counter()}
 
     def record(iteration: int, loss: float) -> None:
@@ -243,6 +243,32 @@ def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress, comm=LOCAL
     model.eval()
     if not fitted.evaluated:
         raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
+
+
+def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str, enabled: bool) -> tqdm:
+    """A tqdm bar on stderr. In a terminal it redraws in place; written to a file (a long run's log) it writes one
+    plain line at most once a minute, so that the log shows how far the run has got."""
+    if sys.stderr.isatty():
+        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled)
+    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled,
+                file=_LinesPerMinute(), mininterval=60.0, ascii=True, ncols=100)
+
+
+class _LinesPerMinute:
+    """A file for tqdm that writes its redraws ("\\r" + bar) as plain lines, at most one a minute (a changed
+    postfix redraws the bar every step)."""
+
+    def __init__(self, interval: float = 60.0):
+        self.interval, self.last = interval, -math.inf
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip()
+        if line and time.monotonic() - self.last >= self.interval:
+            self.last = time.monotonic()
+            sys.stderr.write(line + "\n")
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 @dataclass(frozen=True)

@@ -35,12 +35,12 @@ identical parameters. Three GPyTorch conventions differ from ours and are *not* 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+
+from ..train import progress_bar
 
 try:
     import gpytorch
@@ -237,7 +237,7 @@ class PeerModel:
             batch_size: SVGP minibatch size (default 1024); ignored by full-batch peers.
             seed: seeds the per-epoch reshuffles (and k-means when ``Z`` is not given).
             Z: initial inducing points [m, d]; default: :func:`gpscale.models.inducing.kmeans_centers`, as ours.
-            progress: a tqdm bar with the loss (only when stderr is a terminal).
+            progress: a progress bar with the loss (:func:`gpscale.train.progress_bar`).
         """
         X, y = self._as(X, y)
         n = X.shape[0]
@@ -257,8 +257,7 @@ class PeerModel:
         self.history = []
         seconds = []
         with self.settings():
-            bar = tqdm(range(int(epochs)), desc=self.name, unit="epoch", leave=False,
-                       disable=not (progress and sys.stderr.isatty()))
+            bar = progress_bar(range(int(epochs)), desc=self.name, unit="epoch", enabled=progress)
             for epoch in bar:
                 tic = time.perf_counter()
                 self._train_mode()

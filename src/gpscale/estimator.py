@@ -55,10 +55,10 @@ class _GPEstimator(BaseEstimator):
     def _comm(self) -> Comm:
         return TorchComm.from_env(self.device) if self.distributed else LOCAL
 
-    def _train(self, X: np.ndarray, targets: np.ndarray, n: int, comm: Comm, common: dict, **training) -> None:
+    def _train(self, X: np.ndarray, targets: np.ndarray, comm: Comm, common: dict, **training) -> None:
         """Standardise X with its global statistics, build the method with ``common`` options (those it accepts)
         and the method options, and train it on (X, targets)."""
-        _, x_mean, x_std = _global_moments(X, comm)
+        n, x_mean, x_std = _global_moments(X, comm)
         self.x_mean_, self.x_std_ = x_mean, _safe_std(x_std)
         self.rank_ = comm.rank
         cls = get_model_class(self.method)
@@ -202,7 +202,7 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     dtype : {"float64", "float32"}, default="float64"
     device : str, default="cpu"
     progress : bool, default=True
-        A progress bar while training (only in a terminal).
+        A progress bar while training (in a terminal; written to a file, a line a minute at most).
     distributed : bool, default=False
         Data-parallel training under torchrun (:mod:`gpscale.distributed`): every process calls ``fit`` with its
         own shard of the rows; the scaling statistics and n are global, and the fitted model equals the
@@ -234,12 +234,12 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
                              dtype=np.float64)
         comm = self._comm()
-        n, y_mean, y_std = _global_moments(y, comm)
+        _, y_mean, y_std = _global_moments(y, comm)
         if y_std == 0:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
         self.y_mean_, self.y_std_ = float(y_mean), float(y_std)
-        self._train(X, (y - self.y_mean_) / self.y_std_, n, comm,
+        self._train(X, (y - self.y_mean_) / self.y_std_, comm,
                     {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
                     optimizer=self.optimizer)
         return self
@@ -308,9 +308,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
             raise ValueError(f"likelihood must be None, 'bernoulli', 'robustmax' or 'softmax', got {likelihood!r}.")
         codes = np.searchsorted(self.classes_, y).astype(np.float64)
         targets = 2 * codes - 1 if likelihood == "bernoulli" else codes  # probit's labels are -1 / +1
-        n = int(comm.all_reduce_sum(torch.tensor(float(len(y)), dtype=torch.float64)).item())
-        self._train(X, targets, n, comm, {"kernel": self.kernel, "likelihood": likelihood,
-                                          "n_classes": None if likelihood == "bernoulli" else C})
+        self._train(X, targets, comm, {"kernel": self.kernel, "likelihood": likelihood,
+                                       "n_classes": None if likelihood == "bernoulli" else C})
         return self
 
     @torch.no_grad()

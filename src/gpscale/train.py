@@ -230,15 +230,9 @@ def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress, comm=LOCAL
         bar.update()
         bar.set_postfix(loss=f"{loss:.4g}")
 
-    if comm.world_size == 1:  # the one-process contract: (X, y, num_data)
-        def loss():
-            return model.loss(X, y, num_data=X.shape[0])
-    else:
-        n = Shard.of(X.shape[0], comm).n_global
-
-        def loss():
-            return model.loss(X, y, num_data=n, comm=comm) / comm.world_size
-    fitted = lbfgs.minimise(loss, params, max_iterations=max_iterations, callback=record, comm=comm)
+    objective, n = _Objective(model), Shard.of(X.shape[0], comm).n_global
+    fitted = lbfgs.minimise(lambda: objective(X, y, n, 1.0 / comm.world_size, comm), params,
+                            max_iterations=max_iterations, callback=record, comm=comm)
     bar.close()
     model.eval()
     if not fitted.evaluated:

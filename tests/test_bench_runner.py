@@ -152,6 +152,18 @@ def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     assert len(ResultsStore(tmp_path / "results.sqlite").runs()) == 3 and lines[-1].startswith("done already")
 
 
+def test_the_warm_up_is_one_epoch_and_a_short_chain(monkeypatch):
+    """The untimed warm-up must stay tiny also for a model whose work is all in fit_posterior (GRIEF-I's MCMC
+    ignores epochs): it takes the model's warm_up_options on top of one epoch."""
+    seen = []
+    monkeypatch.setattr(runner, "run_one", lambda spec, ds, **kw: seen.append(spec.options))
+    specs = (MethodSpec("grief-i", dict(n_eigen=1000, n_iterations=10_000, burn_in=1_000, thin=50)),
+             MethodSpec("sgpr", dict(n_inducing=8, epochs=30)), MethodSpec("gpytorch-svgp", dict(epochs=30)))
+    runner._warm_up(specs, "float64", "cpu")
+    assert seen == [dict(n_eigen=1000, n_iterations=60, burn_in=20, thin=10, epochs=1),
+                    dict(n_inducing=8, epochs=1), dict(epochs=1)]
+
+
 def test_options_given_to_the_run_replace_the_protocols_on_every_dataset(tmp_path):
     spec = MethodSpec("sgpr", dict(n_inducing=8, epochs=3, lr=0.1), dataset_overrides={"gp_sample": {"epochs": 5}})
     protocol = replace(TINY, methods=(spec,), dataset_options={"friedman1": {"n": 120}, "gp_sample": {"n": 120}})

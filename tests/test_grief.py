@@ -38,6 +38,7 @@ from gpscale.models.grief import (
     paper_n_eigen,
     reweighted_log_likelihood,
     reweighted_predict,
+    row_space_log_likelihood,
 )
 from gpscale.train import fit
 
@@ -334,6 +335,25 @@ def test_10_reweighted_evidence_equals_dense(p):
         expected = dense_log_evidence(Phi @ torch.diag(w) @ Phi.T, y, noise)
         got = reweighted_log_likelihood(w, noise, statistics(Phi, y))
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("p", [10, 40, 200])
+def test_10_row_space_evidence_equals_eq18_and_its_gradients(p):
+    # n = 30: for p = 40 and 200 the rank q = 30 < p, where the GRIEF-I sampler evaluates eq. 18 in the row space
+    Phi, y, g = random_problem(30, p, seed=4)
+    stats, q = statistics(Phi, y), min(30, p)
+    basis = orthogonalise(stats)
+    assert basis.r.shape == (q,)
+    for noise in (1e-3, 0.3):
+        w = (0.2 + 2 * torch.rand(p, generator=g, dtype=F64)).requires_grad_(True)
+        noise = torch.tensor(noise, dtype=F64, requires_grad=True)
+        got = row_space_log_likelihood(w, noise, basis)
+        torch.testing.assert_close(got, reweighted_log_likelihood(w, noise, stats), rtol=1e-9, atol=0)
+        torch.testing.assert_close(got, dense_log_evidence(Phi @ torch.diag(w) @ Phi.T, y, noise), rtol=1e-9, atol=0)
+        dw, dnoise = torch.autograd.grad(got, (w, noise))
+        closed_w, closed_noise = spec_gradients(w.detach(), noise.detach(), Phi, y)
+        torch.testing.assert_close(dw, closed_w, rtol=1e-7, atol=1e-9)
+        torch.testing.assert_close(dnoise, closed_noise, rtol=1e-7, atol=0)
 
 
 def spec_gradients(w, noise, Phi, y):

@@ -93,6 +93,27 @@ def test_reweighted_target_equals_the_dense_log_posterior(n_eigen, jacobian):
     assert model.noise0_.item() == pytest.approx(0.05, rel=1e-6)  # sigma_0^2 (float32 rounding of the option)
 
 
+def test_reweighted_solver_takes_the_row_space_below_rank_p():
+    # n = 25 rows: at p = 12 Phi has full column rank (the features' O(p^3) form); at p = 36 (the whole 6 x 6 grid)
+    # its rank is 25 < 0.75 p, and eq. 18 is evaluated in the row space: the same target and weight moments
+    X, y = toy()
+    for n_eigen, form in ((12, "features"), (36, "row space")):
+        model = make(GRIEFI, X, y, n_eigen=n_eigen, solver="reweighted")
+        solver = model.make_solver(model.statistics(X, y))
+        assert solver.form == form and solver.dim == n_eigen
+    with torch.no_grad():
+        Phi = model.features(X)
+    target = model.log_target(solver)
+    x = random_state(36, 6)
+    assert target(x).item() == pytest.approx(dense_log_posterior(x, Phi, y, model.noise0_.item()), rel=1e-9)
+    features_form = grief_i._Reweighted(model.statistics(X, y))
+    features_form.basis = None
+    samples = torch.stack([random_state(36, seed) for seed in (7, 8, 9)]).exp()
+    for a, b in zip(solver.weight_moments(samples[:, :-1], samples[:, -1]),
+                    features_form.weight_moments(samples[:, :-1], samples[:, -1])):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
 def test_prior_variances_are_options():
     X, y = toy()
     model = make(GRIEFI, X, y, solver="reweighted", weight_prior_variance=3.0, noise_prior_variance=0.5)

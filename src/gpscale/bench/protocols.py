@@ -497,8 +497,9 @@ GRIEF_II_LARGE = dict(optimizer="lbfgs", epochs=100)
 # chains for R-hat). The step size follows the model's default tune="burn_in" (adapted toward an acceptance rate of
 # 0.574 during burn-in, then fixed), not the official code's tune="always" (x0.7 / x1.2 every 1000 iterations, never
 # stopping): both reach acceptance 0.58 on housing fold 0 (orthogonal solver; h 0.15 and 0.14, test RMSE 3.07 and
-# 3.05), and only the first samples from a fixed kernel. "reweighted" is the paper's O(p^3) evidence (about 0.2 s a
-# step at p = 1000 here: about 80 min per fold); "orthogonal" is the O(p) form the paper used only for electric
+# 3.05), and only the first samples from a fixed kernel. "reweighted" is the paper's eq. 18 (O(p^3), about 0.2-0.3 s
+# a step at p = 1000 here, 70-110 min per fold, for n_train >= 750; in the row space of Phi, O(n^2 p), below: 36 s
+# per fold on challenger, 106 s on fertility); "orthogonal" is the O(p) form the paper used only for electric
 # (15 s per fold), a different model whose weights are relative to s^2 (spec §3.9).
 GRIEF_I_PAPER = dict(n_eigen=1000, grid_size=10, n_iterations=10_000, burn_in=1_000, thin=50)
 # The exact GP beside Yang et al.'s: Adam at lr 0.1 for 300 steps from the default hyperparameters (on fold 0 of
@@ -531,8 +532,9 @@ register_protocol(Protocol(
                 "GP-GRIEF-I (p = 1000, the same initialisation, 10,000 MALA "
                 "iterations, burn-in 1000, thin 50, two chains, step size adapted toward acceptance 0.574 during "
                 "burn-in and then fixed, where the official code tunes throughout) with the O(p) orthogonal "
-                "solver (grief-i-orth, seconds per fold) and with the paper's O(p^3) one (grief-i, about 80 min per "
-                "fold on 2 cores), and our exact GP (300 Adam steps at lr 0.1) where n < 2000, beside Yang et al.'s. "
+                "solver (grief-i-orth, seconds per fold) and with the paper's eq. 18 (grief-i: O(p^3), over an hour "
+                "per fold on 2 cores, or O(n^2 p) in the row space of Phi below 750 rows), and our exact GP "
+                "(300 Adam steps at lr 0.1) where n < 2000, beside Yang et al.'s. "
                 "The paper's 21 UCI sets that we have (3droad and electric are not in the data folder), the fixed "
                 "10-fold splits: all 10 below n = 2000, folds 0-2 above. The grid comes from the training inputs. "
                 "grief-i reuses grief-i-orth's initialisation (same theta and sigma_0^2) when both run; its "

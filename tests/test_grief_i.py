@@ -13,6 +13,7 @@ import gpscale
 from gpscale import GPRegressor
 from gpscale.kernels import inverse_softplus
 from gpscale.linalg import NotPSDError
+from gpscale.mcmc import mala
 from gpscale.models import get_model_class, grief_i
 from gpscale.models.grief import (
     GRIEF,
@@ -112,6 +113,30 @@ def test_reweighted_solver_takes_the_row_space_below_rank_p():
     for a, b in zip(solver.weight_moments(samples[:, :-1], samples[:, -1]),
                     features_form.weight_moments(samples[:, :-1], samples[:, -1])):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("solver, n_eigen", [("reweighted", 36), ("orthogonal", 12)])
+def test_a_vectorised_target_gives_every_chain_its_own_value_gradient_and_rejection(solver, n_eigen):
+    X, y = toy()
+    model = make(GRIEFI, X, y, n_eigen=n_eigen, solver=solver)
+    chosen = model.make_solver(model.statistics(X, y))
+    assert chosen.vectorized  # the row-space and orthogonal forms take all chains at once
+    target = model.log_target(chosen)
+    x = torch.stack([random_state(chosen.dim, seed) for seed in (10, 11, 12)])
+    x[2, 0] = 800.0  # exp overflows in that chain alone: it alone is rejected
+    xr = x.clone().requires_grad_(True)
+    values = target(xr)
+    (grads,) = torch.autograd.grad(values[:2].sum(), xr)
+    assert values.shape == (3,) and values[2].item() == -math.inf
+    for c in range(2):
+        xc = x[c].clone().requires_grad_(True)
+        value = target(xc)
+        assert values[c].item() == pytest.approx(value.item(), rel=1e-12)
+        torch.testing.assert_close(grads[c], torch.autograd.grad(value, xc)[0], rtol=1e-10, atol=1e-12)
+    # the sampler gets the same chains either way (the random stream does not depend on it)
+    runs = [mala(target, model.start(chosen), n_iterations=60, burn_in=20, thin=5, n_chains=2, seed=3,
+                 vectorized=vectorized) for vectorized in (True, False)]
+    torch.testing.assert_close(runs[0].samples, runs[1].samples, rtol=1e-9, atol=1e-11)
 
 
 def test_prior_variances_are_options():

@@ -55,7 +55,7 @@ from ..kernels.grid import (
     grief_features,
     top_eigenvalues,
 )
-from ..linalg import NumericalWarning, cholesky, logdet_from_cholesky, solve_lower
+from ..linalg import NumericalWarning, logdet_from_cholesky, solve_lower
 from . import _linear
 from ._linear import CORE
 from .base import GPModel, register
@@ -155,40 +155,48 @@ def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) 
         -1/2 [rss / sigma^2 + sum_i r~_i^2 / (w~_i + sigma^2) + sum_i log(w~_i + sigma^2)
               + (n - q) log sigma^2 + n log 2 pi].
 
-    A float64 scalar, differentiable in w~ and sigma^2. It is a different prior from eq. 18's (the basis depends on
-    the data); ``w~ = basis.s ** 2`` gives the w = 1 model.
+    A float64 scalar, differentiable in w~ and sigma^2, batched over leading dimensions of w~ [..., q] and sigma^2
+    [...]. It is a different prior from eq. 18's (the basis depends on the data); ``w~ = basis.s ** 2`` gives the
+    w = 1 model.
     """
-    s2, total = noise.to(CORE), w.to(CORE) + noise.to(CORE)
+    s2 = noise.to(CORE)
+    total = w.to(CORE) + s2.unsqueeze(-1)
     q = basis.r.shape[0]
-    return -0.5 * (basis.rss / s2 + (basis.r**2 / total).sum() + total.log().sum()
+    return -0.5 * (basis.rss / s2 + (basis.r**2 / total).sum(-1) + total.log().sum(-1)
                    + (basis.n - q) * s2.log() + basis.n * LOG_2PI)
 
 
 def row_space_factor(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor, Tensor]:
-    """``G W`` [q, p] and the lower Cholesky factor [q, q] of ``C = G W G^T + sigma^2 I_q``, with ``G = diag(s) V^T``
-    the training features in their row space (``Phi = U_s G``): O(q^2 p) for ``C``, O(q^3) for its factor."""
+    """``G W`` [..., q, p] and the lower Cholesky factor [..., q, q] of ``C = G W G^T + sigma^2 I_q`` (NaN where C is
+    not numerically positive definite, e.g. when w overflowed), with ``G = diag(s) V^T`` the training features in
+    their row space (``Phi = U_s G``), for weights w [..., p] and noise [...]: O(q^2 p) for C, O(q^3) for its factor.
+    """
     G = basis.G
-    GW = G * w.to(CORE)
-    C = GW @ G.T + noise.to(CORE) * torch.eye(G.shape[0], dtype=CORE, device=G.device)
-    return G, GW, cholesky(C, what="G W G^T + sigma^2 I")
+    GW = G * w.to(CORE).unsqueeze(-2)
+    eye = torch.eye(G.shape[0], dtype=CORE, device=G.device)
+    C = GW @ G.T + noise.to(CORE)[..., None, None] * eye
+    L, info = torch.linalg.cholesky_ex(C)
+    return G, GW, torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
 
 
 def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> Tensor:
-    """Eq. 18, ``log N(y | 0, Phi W Phi^T + sigma^2 I)`` for weights w [p] on the features themselves, evaluated in
-    the q-dimensional row space of Phi (q = rank <= min(n, p)) in O(q^2 p + q^3) instead of O(p^3):
+    """Eq. 18, ``log N(y | 0, Phi W Phi^T + sigma^2 I)`` for weights w [..., p] on the features themselves and noise
+    [...], evaluated in the q-dimensional row space of Phi (q = rank <= min(n, p)) in O(q^2 p + q^3) instead of
+    O(p^3):
 
         -1/2 [rss / sigma^2 + r~^T C^{-1} r~ + log|C| + (n - q) log sigma^2 + n log 2 pi],
 
     with ``C = G W G^T + sigma^2 I_q``: y splits into ``U_s r~`` and a residual of norm^2 rss orthogonal to every
     feature, which sees sigma^2 alone. The same model as :func:`reweighted_log_likelihood` up to the directions
     that :func:`orthogonalise` drops; cheaper when q is well below p (n < p: the small sets at p = 1000). The data
-    fit has no ``y^T y / sigma^2 - c^T c`` cancellation. A float64 scalar, differentiable in w and sigma^2.
+    fit has no ``y^T y / sigma^2 - c^T c`` cancellation. Differentiable in w and sigma^2; batched over leading
+    dimensions (MCMC chains); NaN where C is not numerically positive definite, which a sampler rejects.
     """
     s2 = noise.to(CORE)
     _, _, L = row_space_factor(w, s2, basis)
-    c = solve_lower(L, basis.r.unsqueeze(-1)).squeeze(-1)
+    c = solve_lower(L, basis.r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
     q = basis.r.shape[0]
-    return -0.5 * (basis.rss / s2 + c @ c + logdet_from_cholesky(L) + (basis.n - q) * s2.log()
+    return -0.5 * (basis.rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (basis.n - q) * s2.log()
                    + basis.n * LOG_2PI)
 
 

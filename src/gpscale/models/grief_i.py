@@ -99,6 +99,7 @@ class _Reweighted:
         basis = orthogonalise(stats)
         self.basis = basis if basis.s.shape[0] < ROW_SPACE_BELOW * self.dim else None
         self.form = "features" if self.basis is None else "row space"
+        self.vectorized = self.basis is not None  # the row-space evidence takes all chains at once
 
     def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
         if self.basis is not None:
@@ -130,6 +131,7 @@ class _Orthogonal:
     """Spec §3.9: weights ``w~ = s^2 u`` [q] on the orthogonal basis ``phi~ = V^T phi / s``; O(q) per evaluation."""
 
     name = "orthogonal"
+    vectorized = True
 
     def __init__(self, stats: _linear.Statistics):
         self.basis = orthogonalise(stats)
@@ -238,20 +240,20 @@ class GRIEFI(GRIEF):
 
     def log_target(self, solver: _Reweighted | _Orthogonal) -> Callable[[Tensor], Tensor]:
         """``x = (log u [q], log sigma^2) -> log p(y | u, sigma^2) + log p(u) + log p(sigma^2) (+ sum x)``, a
-        differentiable float64 scalar; -inf (a rejected proposal) where the evidence fails or is not finite."""
+        differentiable float64 scalar (or [C] for x [C, q + 1] when ``solver.vectorized``: all chains at once); -inf
+        (a rejected proposal) where the evidence fails or is not finite."""
         weight_prior = LogNormal.from_mode_variance(1.0, self.weight_prior_variance)
         noise_prior = LogNormal.from_mode_variance(float(self.noise0_), self.noise_prior_variance)
         reject = torch.tensor(-math.inf, dtype=CORE)
 
         def log_posterior(f: Tensor) -> Tensor:
-            u, noise = f[:-1], f[-1]
+            u, noise = f[..., :-1], f[..., -1]
             try:
                 lml = solver.log_likelihood(u, noise)
             except NotPSDError:  # e.g. exp(x) overflowed: reject the proposal instead of stopping the chain
                 return reject
-            if not torch.isfinite(lml):
-                return reject
-            return lml + weight_prior.log_prob(u).sum() + noise_prior.log_prob(noise)
+            lml = torch.where(torch.isfinite(lml), lml, reject)
+            return lml + weight_prior.log_prob(u).sum(-1) + noise_prior.log_prob(noise)
 
         return transformed_log_target(log_posterior, ExpTransform, jacobian=self.jacobian)
 
@@ -269,7 +271,7 @@ class GRIEFI(GRIEF):
         solver = self.make_solver(stats)
         result = mala(self.log_target(solver), self.start(solver), n_iterations=int(self.n_iterations),
                       burn_in=int(self.burn_in), thin=int(self.thin), step_size=float(self.step_size),
-                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_))
+                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_), vectorized=solver.vectorized)
         x = result.flat_samples
         noise = x[:, -1].exp()
         mean, cov = solver.weight_moments(x[:, :-1].exp(), noise)

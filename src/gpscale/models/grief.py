@@ -166,7 +166,7 @@ def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) 
                    + (basis.n - q) * s2.log() + basis.n * LOG_2PI)
 
 
-def row_space_factor(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor, Tensor]:
+def row_space_factor(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:
     """``G W`` [..., q, p] and the lower Cholesky factor [..., q, q] of ``C = G W G^T + sigma^2 I_q`` (NaN where C is
     not numerically positive definite, e.g. when w overflowed), with ``G = diag(s) V^T`` the training features in
     their row space (``Phi = U_s G``), for weights w [..., p] and noise [...]: O(q^2 p) for C, O(q^3) for its factor.
@@ -175,8 +175,10 @@ def row_space_factor(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[
     GW = G * w.to(CORE).unsqueeze(-2)
     eye = torch.eye(G.shape[0], dtype=CORE, device=G.device)
     C = GW @ G.T + noise.to(CORE)[..., None, None] * eye
+    # not linalg.cholesky: with sigma^2 > 0 C only fails on overflow, and then each chain's proposal must be
+    # rejected on its own (NaN) rather than every chain's factor jittered or the batch raising
     L, info = torch.linalg.cholesky_ex(C)
-    return G, GW, torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
+    return GW, torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
 
 
 def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> Tensor:
@@ -193,7 +195,7 @@ def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -
     dimensions (MCMC chains); NaN where C is not numerically positive definite, which a sampler rejects.
     """
     s2 = noise.to(CORE)
-    _, _, L = row_space_factor(w, s2, basis)
+    _, L = row_space_factor(w, s2, basis)
     c = solve_lower(L, basis.r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
     q = basis.r.shape[0]
     return -0.5 * (basis.rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (basis.n - q) * s2.log()

@@ -98,8 +98,15 @@ class _Reweighted:
         self.dim = stats.A.shape[0]
         basis = orthogonalise(stats)
         self.basis = basis if basis.s.shape[0] < ROW_SPACE_BELOW * self.dim else None
-        self.form = "features" if self.basis is None else "row space"
-        self.vectorized = self.basis is not None  # the row-space evidence takes all chains at once
+
+    @property
+    def form(self) -> str:
+        return "features" if self.basis is None else "row space"
+
+    @property
+    def vectorized(self) -> bool:
+        """Whether the evidence takes all chains at once (the row-space form's does)."""
+        return self.basis is not None
 
     def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
         if self.basis is not None:
@@ -109,22 +116,28 @@ class _Reweighted:
     def weight_moments(self, u: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """Mixture mean [p] and covariance [p, p] of beta over samples u [S, p], noise [S]; O(S p^3) time
         (O(S q p^2) in the row space), O(S p + p^2) memory."""
+        posterior = self._row_space_posterior if self.basis is not None else self._features_posterior
         means, within = [], torch.zeros_like(self.stats.A)
         for w, s2 in zip(u, noise):
-            if self.basis is not None:
-                # beta | y ~ N(W G^T C^{-1} r~, W - W G^T C^{-1} G W): with B = L_C^{-1} G W, mean B^T L_C^{-1} r~
-                _, GW, L = row_space_factor(w, s2, self.basis)
-                B = solve_lower(L, GW)
-                within += torch.diag(w) - B.T @ B
-                means.append(B.T @ solve_lower(L, self.basis.r.unsqueeze(-1)).squeeze(-1))
-                continue
-            post = _linear.collapse_cholesky(weighted(self.stats, w), s2)
-            root = w.sqrt()
-            # sigma^2 P^{-1} = W^{1/2} B^{-1} W^{1/2}, B = L_B L_B^T = I + W^{1/2} A W^{1/2} / sigma^2: the engine's
-            # well-conditioned B rather than P, whose sigma^2 / w diagonal can be tiny
-            within += root[:, None] * torch.cholesky_inverse(post.L_B) * root
-            means.append(root * post.weight_mean)
+            mean, cov = posterior(w, s2)
+            means.append(mean)
+            within += cov
         return _mixture(torch.stack(means), within / len(means))
+
+    def _features_posterior(self, w: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
+        """beta's posterior mean [p] and covariance ``sigma^2 P^{-1}`` [p, p] at one sample, from A."""
+        post = _linear.collapse_cholesky(weighted(self.stats, w), s2)
+        root = w.sqrt()
+        # sigma^2 P^{-1} = W^{1/2} B^{-1} W^{1/2}, B = L_B L_B^T = I + W^{1/2} A W^{1/2} / sigma^2: the engine's
+        # well-conditioned B rather than P, whose sigma^2 / w diagonal can be tiny
+        return root * post.weight_mean, root[:, None] * torch.cholesky_inverse(post.L_B) * root
+
+    def _row_space_posterior(self, w: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
+        """The same in the row space: ``N(W G^T C^{-1} r~, W - W G^T C^{-1} G W)``, with ``B = L_C^{-1} G W`` the
+        mean is ``B^T L_C^{-1} r~`` and the covariance ``W - B^T B``."""
+        GW, L = row_space_factor(w, s2, self.basis)
+        B = solve_lower(L, GW)
+        return B.T @ solve_lower(L, self.basis.r.unsqueeze(-1)).squeeze(-1), torch.diag(w) - B.T @ B
 
 
 class _Orthogonal:

@@ -342,6 +342,26 @@ def test_odvff_table5_layout():
                                                                                            "BNG_breastTumor")]
 
 
+@pytest.mark.parametrize("name, n_train, epochs", [("odvff-synthetic", 50_000, 80),
+                                                   ("odvff-synthetic-100k", 100_000, 40)])
+def test_odvff_synthetic_layout(name, n_train, epochs):
+    """Both N columns of Tables 2-4: 8,000 iterations of batch 500 whatever N, SGPR at N = 50k only (as the paper),
+    1,000 test points, and each column's own published numbers."""
+    protocol = get_protocol(name)
+    assert protocol.splits == tuple(range(20)) and get_protocol(f"{name}-short").splits == (0,)
+    assert set(protocol.datasets) == {"matern32_d1", "matern32_d5", "matern32_d10"}
+    assert all(options["n"] == n_train + 1000 and options["test_fraction"] * options["n"] == 1000
+               and options["standardize_y"] is False for options in protocol.dataset_options.values())
+    labels = {spec.name: spec for spec in protocol.methods}
+    with_sgpr = n_train == 50_000
+    assert set(labels) == {"odvff-b10", "odvgp-b10", "odvff-b50", "odvgp-b50", "svgp"} | ({"sgpr"} if with_sgpr
+                                                                                           else set())
+    assert all(spec.options["epochs"] == epochs for label, spec in labels.items() if label != "sgpr")
+    assert (labels["odvff-b50"].options["n_frequencies"], labels["odvff-b50"].options["n_mean_inducing"]) == (25, 50)
+    d10_odvff_b50 = {50_000: -2.866, 100_000: -2.356}[n_train]
+    assert protocol.published[("odvff-b50", "matern32_d10")]["nlpd"] == -d10_odvff_b50
+
+
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
 def test_odvff_table5_smoke_run_on_houses(tmp_path):
     """Every method of the protocol through the runner on a 2,000-row subset of houses, one epoch each."""

@@ -69,8 +69,8 @@ def test_6_at_initialisation_q_is_the_prior():
     L = model.q_sqrt.to(F64)
     with torch.no_grad():
         weights = model.mean_weights(Kbb, model.q_mu)
-        mean, var = model.moments(X, Kbb, weights, L @ L.T)
-        kl = model.prior_kl(Kbb, weights, model.q_mu, L @ L.T, 2 * torch.log(torch.diagonal(L)).sum())
+        mean, var = model.moments(X, Kbb, weights, L)
+        kl = model.prior_kl(Kbb, weights, model.q_mu, L)
     assert mean.abs().max() == 0
     torch.testing.assert_close(var, model.kernel.diag(X), rtol=1e-9, atol=1e-9)
     assert abs(kl.item()) < 1e-9
@@ -199,6 +199,40 @@ def test_11_one_natural_gradient_step_of_one_reaches_the_optimum_of_q_beta():
     model.natural_gradient_step(X, y, X.shape[0])
     torch.testing.assert_close(model.q_mu.detach(), before[0], rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(model.q_sqrt.detach(), before[1], rtol=1e-8, atol=1e-8)
+
+
+def test_11_a_natural_gradient_step_below_one_moves_the_natural_parameters_that_fraction_of_the_way():
+    """For a Gaussian likelihood on the full batch, theta <- (1 - rho) theta + rho theta* in the natural parameters
+    (S^{-1} m, S^{-1}): twice in a row (the second step reuses the first's precision) and again after q(beta) is
+    overwritten (which must not)."""
+    X, y = problem(50, 1)
+    rho = 0.3
+    model = odvff(X, y, F=4, n_mean=5, natgrad_step=rho)
+    randomise(model)
+    Kbb, Kbx, Kbg, _, Kgx, _ = dense(model, X)
+    s2 = model.noise.detach()
+    c = (Kgx.T - Kbx.T @ torch.linalg.solve(Kbb, Kbg)) @ model.a_gamma.detach()
+    Kinv = torch.linalg.inv(Kbb)
+    P_star = Kinv + Kinv @ Kbx @ Kbx.T @ Kinv / s2
+    theta_star = (Kinv @ Kbx @ (y - c) / s2, P_star)
+
+    def natural(model):
+        L = model.q_sqrt.detach()
+        P = torch.linalg.inv(L @ L.T)
+        return P @ model.q_mu.detach(), P
+
+    for steps in (1, 2):
+        theta = natural(model)
+        model.natural_gradient_step(X, y, X.shape[0])
+        for ours, before, optimum in zip(natural(model), theta, theta_star):
+            torch.testing.assert_close(ours, (1 - rho) * before + rho * optimum, rtol=1e-7, atol=1e-7)
+    with torch.no_grad():  # a new q(beta), a_gamma as before
+        model.q_sqrt_raw.copy_(2 * torch.eye(model.q_mu.shape[0], dtype=F64))
+        model.q_mu.zero_()
+    theta = natural(model)
+    model.natural_gradient_step(X, y, X.shape[0])
+    for ours, before, optimum in zip(natural(model), theta, theta_star):
+        torch.testing.assert_close(ours, (1 - rho) * before + rho * optimum, rtol=1e-7, atol=1e-7)
 
 
 def test_natural_gradients_leave_q_beta_out_of_adam():

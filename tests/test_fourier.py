@@ -13,7 +13,7 @@ from gpscale.kernels.fourier import (
     vff_Kuf,
     vff_Kuu,
 )
-from gpscale.operators import BlockDiagonal, DiagPlusLowRank, Kronecker
+from gpscale.operators import BlockDiagonal, DenseSPD, DiagPlusLowRank, Kronecker
 
 F64 = torch.float64
 
@@ -167,9 +167,10 @@ def test_diag_plus_low_rank_solves_and_log_determinant_equal_dense(rank):
     torch.testing.assert_close(M.solve(B), torch.linalg.solve(dense, B))
     torch.testing.assert_close(M.matmul(B), dense @ B)
     torch.testing.assert_close(M.logdet(), torch.logdet(dense))
+    torch.testing.assert_close(M.inv_quad(B), torch.trace(B.T @ torch.linalg.solve(dense, B)))
 
 
-def test_block_diagonal_and_kronecker_operators_equal_dense():
+def test_block_diagonal_kronecker_and_dense_operators_equal_dense():
     g = torch.Generator().manual_seed(1)
 
     def block(n, r):
@@ -179,12 +180,14 @@ def test_block_diagonal_and_kronecker_operators_equal_dense():
     merged = DiagPlusLowRank.block_diagonal(blocks.blocks)
     kron = Kronecker([BlockDiagonal([block(2, 1), block(1, 0)]), block(4, 2), block(2, 1)])
     torch.testing.assert_close(merged.to_dense(), blocks.to_dense(), rtol=0, atol=0)
-    for operator in (blocks, merged, kron):
+    spd = torch.randn(5, 5, generator=g, dtype=F64)
+    for operator in (blocks, merged, kron, DenseSPD(spd @ spd.T + torch.eye(5, dtype=F64))):
         dense = operator.to_dense()
         B = torch.randn(dense.shape[0], 2, generator=g, dtype=F64)
         torch.testing.assert_close(operator.solve(B), torch.linalg.solve(dense, B))
         torch.testing.assert_close(operator.matmul(B), dense @ B)
         torch.testing.assert_close(operator.logdet(), torch.logdet(dense))
+        torch.testing.assert_close(operator.inv_quad(B), torch.trace(B.T @ torch.linalg.solve(dense, B)))
     assert kron.size == 24 and blocks.size == 9
 
 

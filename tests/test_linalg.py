@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, inverse_cholesky, qr_lstsq,
-                            qr_r)
+from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, inverse_cholesky,
+                            lower_inverse, qr_lstsq, qr_r)
 
 
 def spd(n, seed=0):
@@ -91,10 +91,21 @@ def test_gram_equals_the_product_and_its_gradient_is_autograds():
     assert torch.autograd.gradcheck(gram, (M,))
 
 
-def test_inverse_cholesky_is_the_lower_factor_of_the_inverse():
+@pytest.mark.parametrize("m, block", [(1, 4), (5, 4), (37, 4), (300, 128)])
+def test_lower_inverse_by_halves_is_the_inverse(m, block):
+    g = torch.Generator().manual_seed(m)
+    L = torch.tril(torch.randn(m, m, generator=g, dtype=torch.float64)) + 3 * torch.eye(m, dtype=torch.float64)
+    inverse = lower_inverse(L, block)
+    assert torch.equal(inverse, torch.tril(inverse))
+    torch.testing.assert_close(inverse, torch.linalg.solve_triangular(L, torch.eye(m, dtype=torch.float64),
+                                                                      upper=False), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", [7, 300])
+def test_inverse_cholesky_is_the_lower_factor_of_the_inverse(m):
     g = torch.Generator().manual_seed(4)
-    A = torch.randn(7, 7, generator=g, dtype=torch.float64)
-    P = A @ A.T + 0.5 * torch.eye(7, dtype=torch.float64)
+    A = torch.randn(m, m, generator=g, dtype=torch.float64)
+    P = A @ A.T + 0.5 * torch.eye(m, dtype=torch.float64)
     L = inverse_cholesky(P)
     assert torch.equal(L, torch.tril(L)) and bool((L.diagonal() > 0).all())
     torch.testing.assert_close(L @ L.T, torch.linalg.inv(P))

@@ -24,6 +24,7 @@ __all__ = [
     "cho_solve",
     "logdet_from_cholesky",
     "inverse_cholesky",
+    "lower_inverse",
     "gaussian_log_likelihood",
     "gram",
     "qr_r",
@@ -97,14 +98,28 @@ def logdet_from_cholesky(L: Tensor) -> Tensor:
     return 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
 
 
+def lower_inverse(L: Tensor, block: int = 128) -> Tensor:
+    """``L^{-1}`` [m, m] for lower-triangular ``L``, by halves: ``[[A, 0], [C, D]]^{-1} = [[A^-1, 0],
+    [-D^-1 C A^-1, D^-1]]``. About m^3 / 3 flops, nearly all in matrix products, where a triangular solve against
+    the identity costs m^3; blocks of at most ``block`` rows are solved directly."""
+    m = L.shape[-1]
+    if m <= block:
+        return solve_lower(L, torch.eye(m, dtype=L.dtype, device=L.device))
+    k = m // 2
+    A_inv, D_inv = lower_inverse(L[:k, :k], block), lower_inverse(L[k:, k:], block)
+    inverse = torch.zeros_like(L)
+    inverse[:k, :k], inverse[k:, k:] = A_inv, D_inv
+    inverse[k:, :k] = -D_inv @ (L[k:, :k] @ A_inv)
+    return inverse
+
+
 def inverse_cholesky(P: Tensor, *, what: str = "matrix") -> Tensor:
     """Lower ``L`` [m, m] with ``L L^T = P^{-1}`` for SPD ``P``, from one Cholesky factorisation and one triangular
     inverse (about 2/3 m^3 flops; ``cholesky_inverse`` then ``cholesky`` cost twice that). With J the reversal,
     ``J P J = U U^T`` gives ``P^{-1} = (J U^{-T} J)(J U^{-T} J)^T`` and ``J U^{-T} J`` is lower triangular.
     Raises :class:`NotPSDError` (no jitter) when P is not positive definite."""
     U = cholesky(P.flip(-2, -1), max_tries=0, what=what)
-    eye = torch.eye(P.shape[-1], dtype=P.dtype, device=P.device)
-    return solve_lower(U, eye).mT.flip(-2, -1)
+    return lower_inverse(U).mT.flip(-2, -1)
 
 
 class _GaussianLogLikelihood(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """Symmetric positive definite matrices kept in their structure: each operator has ``size``, ``solve(B)``,
-``matmul(B)``, ``logdet()`` and ``to_dense()`` (B [n, k]), and composes with the others (a block may be a
-block-diagonal, a Kronecker factor a diagonal-plus-low-rank). The variational Fourier features use them for their
-K_uu (:mod:`gpscale.kernels.fourier`); :class:`DenseSPD` gives any dense matrix the same interface through its
+``matmul(B)``, ``inv_quad(R)`` (``tr(R^T M^{-1} R)``), ``logdet()`` and ``to_dense()`` (B, R [n, k]), and
+composes with the others (a block may be a block-diagonal, a Kronecker factor a diagonal-plus-low-rank). The
+variational Fourier features use them for their K_uu (:mod:`gpscale.kernels.fourier`); :class:`DenseSPD` gives any dense matrix the same interface through its
 Cholesky factor.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from .linalg import cholesky, logdet_from_cholesky
+from .linalg import cholesky, logdet_from_cholesky, solve_lower
 
 __all__ = ["DenseSPD", "DiagPlusLowRank", "BlockDiagonal", "Kronecker"]
 
@@ -36,6 +36,9 @@ class DenseSPD:
 
     def solve(self, B: Tensor) -> Tensor:
         return torch.cholesky_solve(B, self.L)
+
+    def inv_quad(self, R: Tensor) -> Tensor:
+        return solve_lower(self.L, R).square().sum()
 
     def matmul(self, B: Tensor) -> Tensor:
         return self.K @ B
@@ -86,6 +89,15 @@ class DiagPlusLowRank:
         DW = self.W / self.d.unsqueeze(-1)
         return DB - DW @ torch.cholesky_solve(self.W.T @ DB, self._capacitance_cholesky)
 
+    def inv_quad(self, R: Tensor) -> Tensor:
+        """``tr(R^T M^{-1} R) = tr(R^T D^{-1} R) - ||Lc^{-1} W^T D^{-1} R||_F^2`` (Lc the capacitance's factor): two
+        passes over R and an [r, n] x [n, k] product, where ``solve(R)`` would make several [n, k] temporaries."""
+        quad = (R.square().sum(-1) / self.d).sum()  # row sums first: d's gradient needs no [n, k] temporaries
+        if self.W.shape[1] == 0:
+            return quad
+        DW = self.W / self.d.unsqueeze(-1)
+        return quad - solve_lower(self._capacitance_cholesky, DW.T @ R).square().sum()
+
     def logdet(self) -> Tensor:
         logdet = torch.log(self.d).sum()
         if self.W.shape[1] == 0:
@@ -114,6 +126,9 @@ class BlockDiagonal:
 
     def solve(self, B: Tensor) -> Tensor:
         return torch.cat([block.solve(part) for block, part in zip(self.blocks, self._split(B))])
+
+    def inv_quad(self, R: Tensor) -> Tensor:
+        return sum(block.inv_quad(part) for block, part in zip(self.blocks, self._split(R)))
 
     def matmul(self, B: Tensor) -> Tensor:
         return torch.cat([block.matmul(part) for block, part in zip(self.blocks, self._split(B))])
@@ -152,6 +167,9 @@ class Kronecker:
 
     def solve(self, B: Tensor) -> Tensor:
         return self._apply(B, "solve")
+
+    def inv_quad(self, R: Tensor) -> Tensor:
+        return (R * self.solve(R)).sum()
 
     def matmul(self, B: Tensor) -> Tensor:
         return self._apply(B, "matmul")

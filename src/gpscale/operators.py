@@ -1,8 +1,8 @@
 """Symmetric positive definite matrices kept in their structure: each operator has ``size``, ``solve(B)``,
 ``matmul(B)``, ``inv_quad(R)`` (``tr(R^T M^{-1} R)``), ``logdet()`` and ``to_dense()`` (B, R [n, k]), and
 composes with the others (a block may be a block-diagonal, a Kronecker factor a diagonal-plus-low-rank). The
-variational Fourier features use them for their K_uu (:mod:`gpscale.kernels.fourier`); :class:`DenseSPD` gives any dense matrix the same interface through its
-Cholesky factor.
+variational Fourier features use them for their K_uu (:mod:`gpscale.kernels.fourier`); :class:`DenseSPD` gives any
+dense matrix the same interface through its Cholesky factor.
 """
 from __future__ import annotations
 

@@ -108,3 +108,11 @@ def test_a_shard_parses_only_its_block_of_rows_and_locates_errors_by_file_line(t
     bad.write_text("a,y\n1,2\n3,4\nx,3\n")
     with pytest.raises(ValueError, match="line 4"):
         _read_csv(bad, shard=(1, 2))
+
+
+def test_step_time_times_a_minibatch_method_and_refuses_a_full_batch_one(capsys):
+    assert main(["step-time", "odvff", "--d", "2", "--steps", "2", "--batch-size", "50",
+                 "--option", "n_frequencies=3", "--option", "n_mean_inducing=5"]) == 0
+    assert "CPU s per step" in capsys.readouterr().out
+    assert main(["step-time", "sgpr", "--d", "2"]) == 1
+    assert "trains full batch" in capsys.readouterr().err

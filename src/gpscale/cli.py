@@ -91,6 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the protocols and exit")
     p.set_defaults(run=_bench)
 
+    p = sub.add_parser("step-time", help="CPU seconds per training step of a minibatch method on random data")
+    p.add_argument("method", help="odvff, odvgp, svgp, ...")
+    p.add_argument("--d", type=int, required=True, help="input dimensions")
+    p.add_argument("--batch-size", type=int, default=400)
+    p.add_argument("--steps", type=int, default=5, help="steps timed, after one warm-up step")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a method option, repeatable (e.g. --option n_frequencies=50)")
+    p.set_defaults(run=_step_time)
+
     p = sub.add_parser("report", help="write a markdown report with plots from a results file")
     p.add_argument("results", type=Path, nargs="+", help="results.sqlite file(s) written by `gpscale bench`")
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
@@ -414,6 +423,15 @@ def _read_csv(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[list[str], n
             except ValueError:
                 raise ValueError(f"{path}, line {i}, column {names[j]!r}: {cell!r} is not a number.") from None
     return names, table
+
+
+def _step_time(args) -> int:
+    from .bench.step_time import step_seconds
+
+    options = _parse_options(args.option)
+    seconds = step_seconds(args.method, args.d, options, args.batch_size, steps=args.steps)
+    print(f"{args.method} d={args.d} {options} batch {args.batch_size}: {seconds:.3f} CPU s per step")
+    return 0
 
 
 def _parse_options(pairs: list[str]) -> dict:

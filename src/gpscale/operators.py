@@ -76,9 +76,13 @@ class DiagPlusLowRank:
         return DiagPlusLowRank(self.d + jitter, self.W) if jitter else self
 
     @cached_property
+    def _DW(self) -> Tensor:
+        """D^{-1} W [n, r]"""
+        return self.W / self.d.unsqueeze(-1)
+
+    @cached_property
     def _capacitance_cholesky(self) -> Tensor:
-        DW = self.W / self.d.unsqueeze(-1)
-        return cholesky(torch.eye(self.W.shape[1], dtype=self.d.dtype, device=self.d.device) + self.W.T @ DW,
+        return cholesky(torch.eye(self.W.shape[1], dtype=self.d.dtype, device=self.d.device) + self.W.T @ self._DW,
                         what="capacitance I + W^T D^-1 W")
 
     def solve(self, B: Tensor) -> Tensor:
@@ -86,8 +90,7 @@ class DiagPlusLowRank:
         DB = B / self.d.unsqueeze(-1)
         if self.W.shape[1] == 0:
             return DB
-        DW = self.W / self.d.unsqueeze(-1)
-        return DB - DW @ torch.cholesky_solve(self.W.T @ DB, self._capacitance_cholesky)
+        return DB - self._DW @ torch.cholesky_solve(self.W.T @ DB, self._capacitance_cholesky)
 
     def inv_quad(self, R: Tensor) -> Tensor:
         """``tr(R^T M^{-1} R) = tr(R^T D^{-1} R) - ||Lc^{-1} W^T D^{-1} R||_F^2`` (Lc the capacitance's factor): two
@@ -95,8 +98,7 @@ class DiagPlusLowRank:
         quad = (R.square().sum(-1) / self.d).sum()  # row sums first: d's gradient needs no [n, k] temporaries
         if self.W.shape[1] == 0:
             return quad
-        DW = self.W / self.d.unsqueeze(-1)
-        return quad - solve_lower(self._capacitance_cholesky, DW.T @ R).square().sum()
+        return quad - solve_lower(self._capacitance_cholesky, self._DW.T @ R).square().sum()
 
     def logdet(self) -> Tensor:
         logdet = torch.log(self.d).sum()

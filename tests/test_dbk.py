@@ -12,6 +12,7 @@ from torch.distributions import MultivariateNormal, kl_divergence
 
 import gpscale
 from gpscale import GPRegressor
+from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _linear, get_model_class
 from gpscale.models.dbk import (DBK, SVDBK, DeepBasisKernel, mlp, prior_variance, residual_mlp, trace_penalty,
@@ -419,6 +420,79 @@ def test_11_the_correction_repairs_the_collapsed_basis_in_the_gap(cls, noise):
         results[correction] = nll, ((y_test - mean).abs() < 1.96 * sd).double().mean().item()
     assert results[False][0] > 10 and results[False][1] < 0.05
     assert results[True][0] < 1.5 and results[True][1] > 0.95
+
+
+# --- 12. end to end (slow) ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_12_trained_end_to_end_the_correction_lowers_the_gap_nll():
+    """1-D f_gt, 1,000 training points in |x| > 0.25 and 200 test points in the gap, r = 32 bases from a 2-layer
+    tanh MLP of width 32, 2,000 full-batch Adam steps at lr 1e-2, seeds 0-2 (about 2 minutes on one core).
+
+    Calibration (2026-11-23, this configuration): gap NLL 4.4 / 5.1 / 8.5 uncorrected against 2.7 / 4.4 / 5.7
+    corrected, gap coverage 0.38-0.47 against 0.56-0.62. The spec also expects the uncorrected sigma^2 to end
+    clearly below the true 0.01; at this budget it did not (0.0098-0.0102), as in docs/dbk.md's Fig. 1 run, so
+    that is not asserted. With width 64 and 6,000 steps seed 0 reversed the NLL order (3.0 against 8.3): the
+    margin is this configuration's, not a general law."""
+    nll, coverage = {False: [], True: []}, {False: [], True: []}
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.rand(2000, generator=g, dtype=F64) * 2 - 1
+        x_train, x_test = x[x.abs() > 0.25][:1000], x[x.abs() < 0.25][:200]
+        y_train = f_gt(x_train) + 0.1 * torch.randn(len(x_train), generator=g, dtype=F64)
+        y_test = f_gt(x_test) + 0.1 * torch.randn(len(x_test), generator=g, dtype=F64)
+        for correction in (False, True):
+            model = DBK(1, n_basis=32, network="mlp", width=32, correction=correction).double()
+            fit(model, x_train.unsqueeze(-1), y_train, epochs=2000, lr=1e-2, seed=seed, progress=False)
+            mean, var = model.predict(x_test.unsqueeze(-1))
+            nll[correction].append(-model.likelihood.log_predictive_density(y_test, mean, var).mean().item())
+            sd = model.likelihood.predictive(mean, var)[1].sqrt()
+            coverage[correction].append(((y_test - mean).abs() < 1.96 * sd).double().mean().item())
+    assert np.mean(nll[True]) < np.mean(nll[False]) - 0.5
+    assert np.mean(coverage[False]) < 0.8
+
+
+# --- 13. scaling and memory ---------------------------------------------------------------------------------------
+def network_rows(model, action):
+    """The row counts of every call of the model's network while ``action()`` runs."""
+    seen = []
+    hook = model.kernel.network.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    try:
+        action()
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_13_evidence_gradient_and_prediction_at_n_200k_never_form_an_n_by_n_matrix():
+    """n = 2 x 10^5, r = 16: a dense n x n float64 matrix would take 320 GB; the O(n r) path holds the basis
+    [n, r] (26 MB) and one chunk of activations. The network sees chunk_size rows at a time, each row twice per
+    evidence gradient (checkpointed forward, recomputed for backward) and once per prediction: work linear in n.
+    Wall-clock time is not asserted (never gate a test on it)."""
+    n, r, chunk = 200_000, 16, 25_000
+    X = torch.linspace(-1, 1, n, dtype=F64).unsqueeze(-1)
+    y = torch.sin(3 * X[:, 0])
+    model = DBK(1, n_basis=r, network="mlp", width=16, chunk_size=chunk).double()
+
+    def evidence_gradient():
+        model.loss(X, y, n).backward()
+
+    with PeakMemory() as peak:
+        train_rows = network_rows(model, evidence_gradient)
+        model.fit_posterior(X, y)
+        predict_rows = network_rows(model, lambda: model.predict(X))
+    assert max(train_rows + predict_rows) <= chunk
+    assert sum(train_rows) == 2 * n and sum(predict_rows) == n
+    assert all(torch.isfinite(p.grad).all() for p in model.kernel.network.parameters())
+    assert peak.mb < 400, f"peak {peak.mb:.0f} MB"
+
+
+def test_13_an_svi_step_touches_the_batch_only_whatever_n():
+    """SVDBK's minibatch loss runs the network on the batch's b rows whether the data set has 10^3 or 10^9 rows:
+    the step's cost is independent of n (only the n / b scale of the estimate changes)."""
+    model = SVDBK(3, n_basis=8, network="mlp", width=8).double()
+    Xb, yb = torch.randn(64, 3, dtype=F64), torch.randn(64, dtype=F64)
+    for num_data in (10**3, 10**9):
+        assert network_rows(model, lambda: model.loss(Xb, yb, num_data).backward()) == [64]
 
 
 # --- 14. shapes and chunking --------------------------------------------------------------------------------------

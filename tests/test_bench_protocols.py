@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, get_protocol
-from gpscale.bench.runner import TRAINING_OPTIONS
+from gpscale.bench.runner import TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
@@ -122,10 +122,14 @@ def test_dbk_table1_layout():
     for options in (protocol.dataset_options[d] for d in datasets):  # random 80/20, then 1/8 of 80% validates
         assert options == {"random_split": True, "test_fraction": 0.2, "x_scaling": "minmax"}
     specs = {spec.name: spec for spec in protocol.methods}
-    assert set(specs) == {"dbk", "dbk-c", "dbk-scaled", "svdbk", "svdbk-c", "sgpr", "gpytorch-sgpr", "svgp",
-                          "gpytorch-svgp", "exact", "gpytorch-exact"}
-    # the one variant not in the paper differs from dbk only in the basis scaling
+    assert set(specs) == {"dbk", "dbk-c", "dbk-scaled", "dbk-cal", "svdbk", "svdbk-c", "svdbk-cal", "sgpr",
+                          "gpytorch-sgpr", "svgp", "gpytorch-svgp", "exact", "gpytorch-exact"}
+    # the variants not in the paper differ from dbk only in the basis scaling or the posterior's noise, so the
+    # calibrated ones refit the posterior of the trained dbk / svdbk (runner._training_identity)
     assert specs["dbk-scaled"].options == {**specs["dbk"].options, "scale_basis": True}
+    for key in ("dbk", "svdbk"):
+        assert specs[f"{key}-cal"].options == {**specs[key].options, "calibrate_noise": True}
+        assert _training_identity(specs[f"{key}-cal"]) == _training_identity(specs[key])
     for label in ("dbk", "dbk-c", "svdbk", "svdbk-c"):
         options = specs[label].options
         assert specs[label].key == label.removesuffix("-c")

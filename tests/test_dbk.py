@@ -422,6 +422,51 @@ def test_11_the_correction_repairs_the_collapsed_basis_in_the_gap(cls, noise):
     assert results[True][0] < 1.5 and results[True][1] > 0.95
 
 
+# --- calibrated noise (not in the paper) --------------------------------------------------------------------------
+@pytest.mark.parametrize("correction", [True, False])
+def test_dbk_calibrated_noise_maximises_the_dense_evidence_and_the_posterior_uses_it(correction):
+    g = torch.Generator().manual_seed(19)
+    Phi = random_basis(64, 5, seed=19)
+    Phi = Phi / Phi.norm(dim=1, keepdim=True) * (1 + 0.2 * torch.rand(64, 1, generator=g, dtype=F64))
+    y = Phi[:60] @ torch.randn(5, generator=g, dtype=F64) + 0.2 * torch.randn(60, generator=g, dtype=F64)
+    model = build(DBK, Phi, 0.3, correction=correction, calibrate_noise=True)
+    model.fit_posterior(rows(0, 60), y)
+    s2 = model.noise.item()
+    k = prior_variance(Phi[:60])
+    c = (k.max() - k) if correction else torch.zeros(60, dtype=F64)
+    evidence = [dense_log_evidence(Phi[:60], y, s2 * f, c).item() for f in (0.99, 1.0, 1.01)]
+    assert evidence[1] > max(evidence[0], evidence[2]) and abs(s2 - 0.3) > 0.01
+    mean, var = model.predict(rows(60, 64))
+    c_s = (k.max() - prior_variance(Phi[60:])).clamp_min(0) if correction else None
+    expected = dense_predictive(Phi[:60], y, Phi[60:], s2, c if correction else None, c_s)
+    for a, b in zip((mean, var), expected):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    model.clear_cache()  # forgetting the posterior restores the trained noise
+    assert model.noise.item() == pytest.approx(0.3)
+
+
+def test_svdbk_calibrated_noise_maximises_the_expected_log_likelihood():
+    """Without the correction the optimum is closed form, sigma^2 = mean_i [(y_i - m^T phi_i)^2 + ||L^T phi_i||^2];
+    with it, the derivative sum_i (e_i - s_i) / s_i^2 of the expected log-likelihood vanishes at s_i = sigma^2 + c_i."""
+    Phi, y = random_basis(60, 4, seed=21), targets(60, seed=22)
+    g = torch.Generator().manual_seed(23)
+    q_mean, q_L = 0.3 * torch.randn(4, generator=g, dtype=F64), random_scale_tril(4, g, 0.1, 0.05)
+    e = (y - Phi @ q_mean) ** 2 + ((Phi @ q_L) ** 2).sum(-1)
+    for correction in (False, True):
+        model = build(SVDBK, Phi, 0.3, correction=correction, calibrate_noise=True)
+        set_q(model, q_mean, q_L)
+        model.fit_posterior(rows(0, 60), y)
+        s2 = model.noise.item()
+        if not correction:
+            assert s2 == pytest.approx(e.mean().item(), rel=1e-6)
+        else:
+            k = prior_variance(Phi)
+            s = s2 + (k.max() - k)
+            assert abs(((e - s) / s**2).sum().item()) < 1e-6 * (e / s**2).sum().item()
+        mean, var = model.predict(rows(0, 3))  # the predictive keeps q(w)
+        torch.testing.assert_close(mean, Phi[:3] @ q_mean, rtol=1e-10, atol=1e-12)
+
+
 # --- 12. end to end (slow) ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_12_trained_end_to_end_the_correction_lowers_the_gap_nll():

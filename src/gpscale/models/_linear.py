@@ -29,7 +29,8 @@ from ..distributed import LOCAL, Comm
 from ..linalg import StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
 
 __all__ = ["Statistics", "Collapsed", "accumulate", "in_memory", "collapse_cholesky", "collapse_qr",
-           "residual_quad", "evidence_maximising_noise", "log_evidence", "predict_linear", "woodbury_solver"]
+           "residual_quad", "evidence_maximising_noise", "maximise_over_noise", "log_evidence", "predict_linear",
+           "woodbury_solver"]
 
 CORE = torch.float64
 
@@ -198,22 +199,31 @@ def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, gri
 
         log p = -n/2 log(2 pi sigma^2) - 1/2 sum_i log(1 + lam_i / sigma^2)
                 - 1/2 (yy / sigma^2 - sum_i g_i^2 / (sigma^2 (sigma^2 + lam_i))).
-
-    A grid of ``grid_points`` in log sigma^2, then Brent's method between the best point's neighbours: the
-    evidence can have more than one local maximum, and the grid keeps the search off a poor one.
     """
     import numpy as np
-    from scipy.optimize import minimize_scalar
 
     lam, V = torch.linalg.eigh(stats.A.to(CORE))
     lam = lam.clamp_min(0.0).cpu().numpy()  # A is a Gram matrix; negative eigenvalues are round-off
     g2 = ((V.T @ stats.b.to(CORE)) ** 2).cpu().numpy()
     yy, n = float(stats.yy), stats.n
 
+    def log_evidence_at(s2: float) -> float:
+        return -0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
+                       + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
+
+    return maximise_over_noise(log_evidence_at, lower, upper, grid_points)
+
+
+def maximise_over_noise(objective: Callable[[float], float], lower: float, upper: float,
+                        grid_points: int = 400) -> float:
+    """``argmax_{sigma^2 in [lower, upper]} objective(sigma^2)``: a grid of ``grid_points`` in log sigma^2, then
+    Brent's method between the best point's neighbours. Evidences in sigma^2 can have more than one local maximum,
+    and the grid keeps the search off a poor one."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+
     def negative(log_s2: float) -> float:
-        s2 = math.exp(log_s2)
-        return 0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
-                      + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
+        return -objective(math.exp(log_s2))
 
     grid = np.linspace(math.log(lower), math.log(upper), grid_points)
     values = [negative(t) for t in grid]

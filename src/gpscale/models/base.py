@@ -177,8 +177,21 @@ class GPModel(nn.Module):
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
     def clear_cache(self) -> None:
-        """Forget the posterior; training calls this because new hyperparameters make it stale."""
+        """Forget the posterior; training calls this because new hyperparameters make it stale. A noise calibrated
+        in the posterior fit (:meth:`set_calibrated_noise`) goes with it: the training noise comes back."""
+        if "training_raw_noise" in self.cache:
+            with torch.no_grad():
+                self.likelihood.raw_noise.copy_(self.cache["training_raw_noise"])
         self.cache = {}
+
+    @torch.no_grad()
+    def set_calibrated_noise(self, noise: float) -> None:
+        """Predict with ``noise`` (sigma^2, re-estimated after training) instead of the trained value, which the
+        cache keeps, so :meth:`clear_cache` (called before every validation and at every new fit) restores it and
+        validation during training never sees the calibrated value. Call after :meth:`clear_cache`."""
+        raw = self.likelihood.raw_noise
+        self.cache["training_raw_noise"] = raw.detach().clone()
+        raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))
 
     def get_extra_state(self) -> dict[str, Tensor]:
         # the posterior cache travels with state_dict(), so a saved model predicts without its training data

@@ -226,24 +226,13 @@ class SoftKI(GPModel):
             return
         # one pass for Phi^T Phi and Phi^T y: the noise search, and the posterior under the calibrated noise
         stats = self.statistics(X, y, Lzz, comm)
-        training_raw_noise = self.likelihood.raw_noise.detach().clone()
         trained = self.collapse(X, y, Lzz, comm, stats) if self.calibrate_noise == "variance" else None
-        raw = self.likelihood.raw_noise
-        noise = self.evidence_optimal_noise(stats)
-        raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))
+        self.set_calibrated_noise(self.evidence_optimal_noise(stats))
         # Cholesky is safe here whatever the solver: the calibrated noise is the evidence's optimum, far above
         # the tiny training noise that made the normal matrix ill-conditioned
         calibrated = _linear.collapse_cholesky(stats, self.noise)
         mean_from = trained if trained is not None else calibrated
-        self.cache = {"training_raw_noise": training_raw_noise, "Lzz": Lzz, "L_B": calibrated.L_B,
-                      "w_mean": mean_from.weight_mean}
-
-    def clear_cache(self) -> None:
-        # the calibrated noise belongs to the posterior: forgetting the posterior restores the training noise
-        if "training_raw_noise" in self.cache:
-            with torch.no_grad():
-                self.likelihood.raw_noise.copy_(self.cache["training_raw_noise"])
-        super().clear_cache()
+        self.cache.update(Lzz=Lzz, L_B=calibrated.L_B, w_mean=mean_from.weight_mean)
 
     def evidence_optimal_noise(self, stats: _linear.Statistics) -> float:
         """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed, over

@@ -131,6 +131,18 @@ def test_a_posterior_only_variant_reuses_the_trained_model(tmp_path):
     assert other["rmse"] != plain["rmse"]  # a training option differs: trained anew
 
 
+def test_a_posterior_option_declared_by_a_parent_class_is_reset_on_the_reused_model(tmp_path):
+    """svdbk takes calibrate_noise through **kwargs from DeepBasisModel: the runner finds its default there."""
+    svdbk = dict(n_basis=4, network="mlp", width=8, epochs=2, batch_size=64, lr=0.01)
+    protocol = replace(TINY, methods=(MethodSpec("svdbk", svdbk),
+                                      MethodSpec("svdbk", {**svdbk, "calibrate_noise": True}, label="cal")),
+                       datasets={"friedman1": (0,)})
+    plain, calibrated = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False,
+                                                  log=lambda line: None)).runs()
+    assert calibrated["status"] == "ok" and calibrated["reused_training_of"] == "svdbk"
+    assert calibrated["rmse"] == pytest.approx(plain["rmse"], rel=1e-9)  # q(w) is kept: only the noise changes
+    assert calibrated["nlpd"] != plain["nlpd"]
+
 def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     built = []
     monkeypatch.setattr(runner, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))

@@ -203,7 +203,13 @@ def _training_identity(spec: MethodSpec) -> str:
 
 
 def _default(cls, name: str):
-    return inspect.signature(cls.__init__).parameters[name].default
+    """The constructor default of option ``name``, from the first class in the MRO that names it (a subclass
+    may pass it on through ``**kwargs``)."""
+    for klass in cls.__mro__:
+        parameter = inspect.signature(klass.__init__).parameters.get(name)
+        if parameter is not None:
+            return parameter.default
+    raise TypeError(f"{cls.__name__} has no constructor option {name!r}.")
 
 
 def _run_peer(key, options, train, X, y, seed, progress):

@@ -187,8 +187,9 @@ class GPModel(nn.Module):
     @torch.no_grad()
     def set_calibrated_noise(self, noise: float) -> None:
         """Predict with ``noise`` (sigma^2, re-estimated after training) instead of the trained value, which the
-        cache keeps, so :meth:`clear_cache` (called before every validation and at every new fit) restores it and
-        validation during training never sees the calibrated value. Call after :meth:`clear_cache`."""
+        cache keeps, so :meth:`clear_cache` (called by training before every step after a validation pass)
+        restores it and the training loss never sees the calibrated value. A validation pass refits the posterior,
+        so early stopping scores the calibrated model. Call after :meth:`clear_cache`."""
         raw = self.likelihood.raw_noise
         self.cache["training_raw_noise"] = raw.detach().clone()
         raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))

@@ -143,6 +143,7 @@ def test_a_posterior_option_declared_by_a_parent_class_is_reset_on_the_reused_mo
     assert calibrated["rmse"] == pytest.approx(plain["rmse"], rel=1e-9)  # q(w) is kept: only the noise changes
     assert calibrated["nlpd"] != plain["nlpd"]
 
+
 def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     built = []
     monkeypatch.setattr(runner, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))

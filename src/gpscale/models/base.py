@@ -194,6 +194,11 @@ class GPModel(nn.Module):
         self.cache["training_raw_noise"] = raw.detach().clone()
         raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))
 
+    def noise_search_bounds(self, mean_square: float) -> tuple[float, float]:
+        """[noise floor + 1e-8, 10 E[y^2]]: where a post-training noise search looks, for targets of mean square
+        ``mean_square``."""
+        return self.likelihood.noise_floor + 1e-8, max(10.0 * mean_square, 1e-6)
+
     def get_extra_state(self) -> dict[str, Tensor]:
         # the posterior cache travels with state_dict(), so a saved model predicts without its training data
         return dict(self.cache)

@@ -173,11 +173,11 @@ class DeepBasisModel(GPModel):
         correction: the variance correction in training and prediction (default True); False is the "-c" ablation.
         calibrate_noise: after training, re-estimate sigma^2 with the network fixed (default False, the paper's
             protocol). The trace penalty's 1/sigma^2 holds the trained sigma^2 above the residual noise, and the
-            corrected predictive adds c(x*) on top of it, so the corrected model's intervals come out wide (95%
-            coverage 0.97-0.99 on the dbk-table1 sets). ``dbk`` maximises the corrected model's exact evidence
-            ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` over sigma^2 and refits its posterior; ``svdbk`` keeps
-            q(w) and maximises its expected log-likelihood ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)``.
-            Both act in :meth:`fit_posterior` only and :meth:`clear_cache` restores the training sigma^2, so the
+            corrected predictive adds c(x*) on top of it, so the corrected model's intervals come out wide
+            (svdbk's 95% coverage: 0.97-0.99 on the dbk-table1 sets). ``dbk`` maximises the corrected model's
+            exact evidence ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` over sigma^2 and refits its posterior;
+            ``svdbk`` keeps q(w) and maximises its expected log-likelihood
+            ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)``. Both act in :meth:`fit_posterior` only and :meth:`clear_cache` restores the training sigma^2, so the
             training loss never sees the calibrated value; validation passes (early stopping) score the
             calibrated model.
         weight_decay: Adam's coupled L2 weight decay on the network's parameters only (default 1e-4, the paper's).
@@ -239,12 +239,6 @@ class DeepBasisModel(GPModel):
         """k_max = max_i ||phi(x_i)||^2 over the rows of X [n, d], one chunk at a time (float64 scalar)."""
         maxima = [prior_variance(self.kernel.basis(Xc)).max() for Xc in X.split(self.chunk_size)]
         return torch.stack(maxima).max().to(CORE)
-
-    def noise_search_bounds(self, y: Tensor, comm: Comm) -> tuple[float, float]:
-        """[noise floor, 10 E[y^2]]: the range of the post-training noise search."""
-        total = comm.all_reduce_sum(torch.stack([(y.to(CORE) ** 2).sum(), torch.tensor(y.shape[0], dtype=CORE)]))
-        mean_square = float(total[0] / total[1])
-        return self.likelihood.noise_floor + 1e-8, max(10.0 * mean_square, 1e-6)
 
     def predictive_correction(self, Phi: Tensor) -> Tensor:
         """c(x*) [c] for test rows Phi [c, r] (float64) against the training k_max; zero without the correction."""
@@ -350,9 +344,14 @@ class DBK(DeepBasisModel):
 
     def evidence_optimal_noise(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
         """``argmax_{sigma^2} log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` for the basis rows Phi [n, r] fixed
-        (C_XX = 0 without the correction), each evaluation O(n r^2) on rows scaled by ``(sigma^2 + c_i)^{-1/2}``:
+        (C_XX = 0 without the correction). Without it, O(r) per evaluation from Phi^T Phi's eigenvalues
+        (:func:`_linear.evidence_maximising_noise`); with it, O(n r^2) on rows scaled by ``(sigma^2 + c_i)^{-1/2}``:
         the evidence is ``log N(y^ | 0, Phi^ Phi^^T + I) - 1/2 sum_i log(sigma^2 + c_i)``."""
         Phi, y = Phi.to(CORE), y.to(CORE)
+        stats = _linear.accumulate(_linear.in_memory, Phi, y, chunk_size=self.chunk_size, recompute=False, comm=comm)
+        bounds = self.noise_search_bounds(float(stats.yy) / stats.n)
+        if not self.correction:
+            return _linear.evidence_maximising_noise(stats, *bounds)
         c = self.predictive_correction(Phi)
         one = torch.ones((), dtype=CORE, device=Phi.device)
 
@@ -363,7 +362,7 @@ class DBK(DeepBasisModel):
             post = _linear.collapse_cholesky(stats, one)
             return float(_linear.log_evidence(post, one) + comm.all_reduce_sum(scale.log().sum()))
 
-        return _linear.maximise_over_noise(log_evidence_at, *self.noise_search_bounds(y, comm), grid_points=60)
+        return _linear.maximise_over_noise(log_evidence_at, *bounds, grid_points=60)
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Mean ``phi*^T alpha`` and variance ``sigma^2 ||L_Lambda^-1 phi*||^2 + c(x*)`` [c] (eqs. 6 and 12; alpha
@@ -458,29 +457,41 @@ class SVDBK(DeepBasisModel):
         # q(w) is the posterior; the correction also needs the training k_max (spec §9.4)
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         self.cache.update(q_mu=self.q_mu.detach().to(CORE), q_sqrt=self.q_sqrt.detach().to(CORE))
+        if not self.calibrate_noise:
+            if self.correction:
+                self.cache["k_max"] = comm.all_reduce_max(self.max_prior_variance(X))
+            return
+        e, k = self.expected_squared_errors(X, y)  # one pass serves k_max and the noise search
+        c = torch.zeros_like(k)
         if self.correction:
-            self.cache["k_max"] = comm.all_reduce_max(self.max_prior_variance(X))
-        if self.calibrate_noise:
-            self.set_calibrated_noise(self.expected_log_likelihood_optimal_noise(X, y, comm))
+            self.cache["k_max"] = comm.all_reduce_max(k.max())
+            c = variance_correction(k, self.cache["k_max"])
+        self.set_calibrated_noise(self.expected_log_likelihood_optimal_noise(e, c, y, comm))
 
-    def expected_log_likelihood_optimal_noise(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
-        """``argmax_{sigma^2} sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)`` with q(w) and the network fixed:
-        ``-1/2 sum_i [log 2 pi s_i + ((y_i - m^T phi_i)^2 + ||L^T phi_i||^2) / s_i]``, ``s_i = sigma^2 + c_i``. One
-        pass over the rows for the squared errors e_i and c_i, then O(n) per evaluation."""
-        errors, corrections = [], []
+    @torch.no_grad()
+    def expected_squared_errors(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||L^T phi_i||^2`` and the prior variances
+        ``k_i = ||phi_i||^2`` of the rows X [n, d], y [n]: two [n] float64 vectors, in one chunked pass."""
+        errors, variances = [], []
         for Xc, yc in zip(X.split(self.chunk_size), y.split(self.chunk_size)):
             Phi = self.kernel.basis(Xc).to(CORE)
-            variance = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
-            errors.append((yc.to(CORE) - Phi @ self.cache["q_mu"]) ** 2 + variance)
-            corrections.append(self.predictive_correction(Phi))
-        e, c = torch.cat(errors), torch.cat(corrections)
+            spread = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
+            errors.append((yc.to(CORE) - Phi @ self.cache["q_mu"]) ** 2 + spread)
+            variances.append(prior_variance(Phi))
+        return torch.cat(errors), torch.cat(variances)
+
+    def expected_log_likelihood_optimal_noise(self, e: Tensor, c: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
+        """``argmax_{sigma^2} sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)`` with q(w) and the network fixed,
+        ``-1/2 sum_i [log 2 pi s_i + e_i / s_i]`` with ``s_i = sigma^2 + c_i``, from the expected squared errors
+        e [n] and corrections c [n] of this process's rows y [n]: O(n) per evaluation."""
+        total = comm.all_reduce_sum(torch.stack([(y.to(CORE) ** 2).sum(), torch.tensor(y.shape[0], dtype=CORE)]))
+        bounds = self.noise_search_bounds(float(total[0] / total[1]))
 
         def expected_log_likelihood_at(s2: float) -> float:
             s = s2 + c
             return float(comm.all_reduce_sum(-0.5 * ((2 * math.pi * s).log() + e / s).sum()))
 
-        return _linear.maximise_over_noise(expected_log_likelihood_at, *self.noise_search_bounds(y, comm),
-                                           grid_points=60)
+        return _linear.maximise_over_noise(expected_log_likelihood_at, *bounds, grid_points=60)
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` [c] (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""

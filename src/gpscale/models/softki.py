@@ -236,9 +236,8 @@ class SoftKI(GPModel):
 
     def evidence_optimal_noise(self, stats: _linear.Statistics) -> float:
         """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed, over
-        [noise_floor + 1e-8, 10 yy / n] (:func:`_linear.evidence_maximising_noise`)."""
-        return _linear.evidence_maximising_noise(stats, self.likelihood.noise_floor + 1e-8,
-                                                 max(10.0 * float(stats.yy) / stats.n, 1e-6))
+        :meth:`noise_search_bounds` (:func:`_linear.evidence_maximising_noise`)."""
+        return _linear.evidence_maximising_noise(stats, *self.noise_search_bounds(float(stats.yy) / stats.n))
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Latent mean ``w(x*)^T L_zz E[v]`` and variance ``||L_B^{-1} L_zz^T w(x*)||^2`` [c] (spec §5.3)."""

@@ -101,6 +101,14 @@ def test_lower_inverse_by_halves_is_the_inverse(m, block):
                                                                       upper=False), rtol=1e-10, atol=1e-12)
 
 
+def test_lower_inverse_is_batched():
+    g = torch.Generator().manual_seed(0)
+    L = torch.tril(torch.randn(3, 40, 40, generator=g, dtype=torch.float64)) + 3 * torch.eye(40, dtype=torch.float64)
+    inverse = lower_inverse(L, block=8)
+    for i in range(3):
+        torch.testing.assert_close(inverse[i], lower_inverse(L[i], block=8), rtol=0, atol=1e-13)
+
+
 @pytest.mark.parametrize("m", [7, 300])
 def test_inverse_cholesky_is_the_lower_factor_of_the_inverse(m):
     g = torch.Generator().manual_seed(4)

@@ -99,17 +99,17 @@ def logdet_from_cholesky(L: Tensor) -> Tensor:
 
 
 def lower_inverse(L: Tensor, block: int = 128) -> Tensor:
-    """``L^{-1}`` [m, m] for lower-triangular ``L``, by halves: ``[[A, 0], [C, D]]^{-1} = [[A^-1, 0],
-    [-D^-1 C A^-1, D^-1]]``. About m^3 / 3 flops, nearly all in matrix products, where a triangular solve against
+    """``L^{-1}`` [..., m, m] for lower-triangular ``L`` [..., m, m], by halves: ``[[A, 0], [C, D]]^{-1} = [[A^-1,
+    0], [-D^-1 C A^-1, D^-1]]``. About m^3 / 3 flops, nearly all in matrix products, where a triangular solve against
     the identity costs m^3; blocks of at most ``block`` rows are solved directly."""
     m = L.shape[-1]
     if m <= block:
-        return solve_lower(L, torch.eye(m, dtype=L.dtype, device=L.device))
+        return solve_lower(L, torch.eye(m, dtype=L.dtype, device=L.device).expand_as(L))
     k = m // 2
-    A_inv, D_inv = lower_inverse(L[:k, :k], block), lower_inverse(L[k:, k:], block)
+    A_inv, D_inv = lower_inverse(L[..., :k, :k], block), lower_inverse(L[..., k:, k:], block)
     inverse = torch.zeros_like(L)
-    inverse[:k, :k], inverse[k:, k:] = A_inv, D_inv
-    inverse[k:, :k] = -D_inv @ (L[k:, :k] @ A_inv)
+    inverse[..., :k, :k], inverse[..., k:, k:] = A_inv, D_inv
+    inverse[..., k:, :k] = -D_inv @ (L[..., k:, :k] @ A_inv)
     return inverse
 
 

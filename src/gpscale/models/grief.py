@@ -55,7 +55,7 @@ from ..kernels.grid import (
     grief_features,
     top_eigenvalues,
 )
-from ..linalg import NumericalWarning, logdet_from_cholesky, solve_lower
+from ..linalg import NumericalWarning, logdet_from_cholesky, lower_inverse, solve_lower
 from . import _linear
 from ._linear import CORE
 from .base import GPModel, register
@@ -94,15 +94,65 @@ def weighted(stats: _linear.Statistics, w: Tensor) -> _linear.Statistics:
 
 def reweighted_log_likelihood(w: Tensor, noise: Tensor, stats: _linear.Statistics) -> Tensor:
     """``log N(y | 0, Phi W Phi^T + sigma^2 I)`` (eq. 18) from ``A = Phi^T Phi``, ``r = Phi^T y``, y^T y and n in
-    ``stats`` (``_linear.accumulate``), for weights w [p] > 0 and noise sigma^2: O(p^3), whatever n.
+    ``stats`` (``_linear.accumulate``), for weights w [..., p] > 0 and noise sigma^2 [...]: O(p^3), whatever n.
 
-    It is the engine's evidence of the features ``Phi W^{1/2}``: ``|I + W^{1/2} A W^{1/2} / sigma^2| =
-    |P| |W| / sigma^{2p}`` with ``P = sigma^2 W^{-1} + A`` turns it into eq. 18b. Valid for p > n. A float64 scalar,
-    differentiable in w and sigma^2 (autograd gives the p + 1 derivatives of spec §3.8). The data fit is
-    ``y^T y / sigma^2 - c^T c``: with only the statistics there is no cancellation-free form (pitfall 8).
+    It is the engine's evidence of the features ``Phi W^{1/2}``: with ``B = I + W^{1/2} A W^{1/2} / sigma^2 = L L^T``,
+
+        -1/2 [n log(2 pi sigma^2) + log|B| + y^T y / sigma^2 - ||L^{-1} W^{1/2} r||^2 / sigma^4],
+
+    and ``|B| = |P| |W| / sigma^{2p}`` with ``P = sigma^2 W^{-1} + A`` turns it into eq. 18b. Valid for p > n. The
+    data fit is ``y^T y / sigma^2 - c^T c``: with only the statistics there is no cancellation-free form (pitfall
+    8). Differentiable in w and sigma^2 through the closed forms of spec §3.8 (:class:`_ReweightedEvidence`);
+    batched over leading dimensions (MCMC chains); NaN where B is not numerically positive definite (w overflowed),
+    which a sampler rejects.
     """
-    noise = noise.to(CORE)
-    return _linear.log_evidence(_linear.collapse_cholesky(weighted(stats, w), noise), noise)
+    return _ReweightedEvidence.apply(w.to(CORE), noise.to(CORE), stats.A, stats.b, stats.yy, stats.n)
+
+
+class _ReweightedEvidence(torch.autograd.Function):
+    """Eq. 18 with the gradient in closed form (spec §3.8): with ``c = L^{-1} W^{1/2} r / sigma^2``, the data fit
+    ``quad = y^T y / sigma^2 - ||c||^2``, ``a = L^{-T} c = B^{-1} W^{1/2} r / sigma^2`` and the diagonal ``d`` of
+    ``B^{-1}``,
+
+        dLML/dw_i = (a_i^2 - 1 + d_i) / (2 w_i),
+        dLML/dsigma^2 = (quad - ||a||^2 - (n - p) - sum_i d_i) / (2 sigma^2),
+
+    from ``dLML/dK = 1/2 (K^{-1} y y^T K^{-1} - K^{-1})`` and Woodbury (``Phi^T K^{-1} y = W^{-1/2} a``,
+    ``diag(Phi^T K^{-1} Phi) = (1 - d) / w``, ``tr K^{-1} = (n - p + sum d) / sigma^2``). B^{-1}'s diagonal needs
+    one triangular inverse (p^3 / 3 flops, in matrix products), so a step costs about 2/3 p^3 where autograd
+    through the Cholesky factorisation costs several p^3 in triangular solves (0.15 s against 0.05 s at p = 1000).
+    """
+
+    @staticmethod
+    def forward(ctx, w: Tensor, s2: Tensor, A: Tensor, b: Tensor, yy: Tensor, n: int) -> Tensor:
+        root = w.sqrt()
+        eye = torch.eye(A.shape[-1], dtype=CORE, device=A.device)
+        L = _cholesky_or_nan(eye + root.unsqueeze(-1) * A * root.unsqueeze(-2) / s2[..., None, None])
+        c = solve_lower(L, (root * b).unsqueeze(-1)).squeeze(-1) / s2.unsqueeze(-1)
+        quad = yy / s2 - (c**2).sum(-1)
+        ctx.save_for_backward(w, s2, L, c, quad)
+        ctx.n = n
+        return -0.5 * (n * (LOG_2PI + s2.log()) + logdet_from_cholesky(L) + quad)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        w, s2, L, c, quad = ctx.saved_tensors
+        L_inv = lower_inverse(L)
+        d = (L_inv**2).sum(-2)  # diag(B^{-1}) = diag(L^{-T} L^{-1}): column sums of squares
+        a = (L_inv.mT @ c.unsqueeze(-1)).squeeze(-1)
+        dw = (a**2 - 1 + d) / (2 * w)
+        ds2 = (quad - (a**2).sum(-1) - (ctx.n - w.shape[-1]) - d.sum(-1)) / (2 * s2)
+        return grad.unsqueeze(-1) * dw, grad * ds2, None, None, None, None
+
+
+def _cholesky_or_nan(C: Tensor) -> Tensor:
+    """The lower Cholesky factor of each matrix in C [..., k, k], NaN where one is not numerically positive definite.
+
+    Not ``linalg.cholesky``: with sigma^2 > 0 these matrices only fail on overflow (e.g. of w), and then each
+    chain's proposal must be rejected on its own (NaN) rather than every chain's factor jittered or the batch
+    raising."""
+    L, info = torch.linalg.cholesky_ex(C)
+    return torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
 
 
 def reweighted_predict(Phi: Tensor, w: Tensor, noise: Tensor, stats: _linear.Statistics) -> tuple[Tensor, Tensor]:
@@ -174,11 +224,7 @@ def row_space_factor(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[
     G = basis.G
     GW = G * w.to(CORE).unsqueeze(-2)
     eye = torch.eye(G.shape[0], dtype=CORE, device=G.device)
-    C = GW @ G.T + noise.to(CORE)[..., None, None] * eye
-    # not linalg.cholesky: with sigma^2 > 0 C only fails on overflow, and then each chain's proposal must be
-    # rejected on its own (NaN) rather than every chain's factor jittered or the batch raising
-    L, info = torch.linalg.cholesky_ex(C)
-    return GW, torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
+    return GW, _cholesky_or_nan(GW @ G.T + noise.to(CORE)[..., None, None] * eye)
 
 
 def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> Tensor:
@@ -191,15 +237,43 @@ def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -
     with ``C = G W G^T + sigma^2 I_q``: y splits into ``U_s r~`` and a residual of norm^2 rss orthogonal to every
     feature, which sees sigma^2 alone. The same model as :func:`reweighted_log_likelihood` up to the directions
     that :func:`orthogonalise` drops; cheaper when q is well below p (n < p: the small sets at p = 1000). The data
-    fit has no ``y^T y / sigma^2 - c^T c`` cancellation. Differentiable in w and sigma^2; batched over leading
-    dimensions (MCMC chains); NaN where C is not numerically positive definite, which a sampler rejects.
+    fit has no ``y^T y / sigma^2 - c^T c`` cancellation. Differentiable in w and sigma^2 through closed forms
+    (:class:`_RowSpaceEvidence`); batched over leading dimensions (MCMC chains); NaN where C is not numerically
+    positive definite, which a sampler rejects.
     """
-    s2 = noise.to(CORE)
-    _, L = row_space_factor(w, s2, basis)
-    c = solve_lower(L, basis.r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-    q = basis.r.shape[0]
-    return -0.5 * (basis.rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (basis.n - q) * s2.log()
-                   + basis.n * LOG_2PI)
+    return _RowSpaceEvidence.apply(w.to(CORE), noise.to(CORE), basis.G, basis.r, basis.rss, basis.n)
+
+
+class _RowSpaceEvidence(torch.autograd.Function):
+    """The row-space eq. 18 with its gradient in closed form: with ``alpha = C^{-1} r~`` and the columns g_i of G,
+
+        dLML/dw_i = 1/2 [(g_i^T alpha)^2 - g_i^T C^{-1} g_i],
+        dLML/dsigma^2 = 1/2 [rss / sigma^4 + ||alpha||^2 - tr C^{-1} - (n - q) / sigma^2],
+
+    ``g_i^T C^{-1} g_i`` being the squared column norms of ``L^{-1} G``. About 2 q^2 p + 2/3 q^3 flops per step, in
+    matrix products, where autograd spends several q^2 p in triangular solves (0.21 s against 0.06 s at q = 700,
+    p = 1000).
+    """
+
+    @staticmethod
+    def forward(ctx, w: Tensor, s2: Tensor, G: Tensor, r: Tensor, rss: Tensor, n: int) -> Tensor:
+        eye = torch.eye(G.shape[0], dtype=CORE, device=G.device)
+        L = _cholesky_or_nan((G * w.unsqueeze(-2)) @ G.T + s2[..., None, None] * eye)
+        c = solve_lower(L, r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(s2, G, L, c, rss)
+        ctx.n = n
+        q = G.shape[0]
+        return -0.5 * (rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (n - q) * s2.log() + n * LOG_2PI)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        s2, G, L, c, rss = ctx.saved_tensors
+        L_inv = lower_inverse(L)
+        alpha = (L_inv.mT @ c.unsqueeze(-1)).squeeze(-1)
+        dw = 0.5 * ((alpha @ G) ** 2 - ((L_inv @ G) ** 2).sum(-2))
+        q = G.shape[0]
+        ds2 = 0.5 * (rss / s2**2 + (alpha**2).sum(-1) - (L_inv**2).sum((-2, -1)) - (ctx.n - q) / s2)
+        return grad.unsqueeze(-1) * dw, grad * ds2, None, None, None, None
 
 
 def orthogonal_predict(Phi: Tensor, w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:

@@ -75,9 +75,9 @@ ORTHOGONAL_ABOVE = 10**6  # "auto" uses the O(p) solver above this n, as the pap
 RHAT_LIMIT = 1.1  # the classic split R-hat cut (Gelman et al., BDA3)
 MIN_ACCEPTANCE = 0.05  # below this after burn-in a chain has hardly moved (MALA's target is about 0.57)
 # The reweighted solver evaluates eq. 18 in the row space of Phi when rank(Phi) = q < ROW_SPACE_BELOW p. Measured at
-# p = 1000 (evidence and gradient, one thread): the row space took 0.006 / 0.034 / 0.21 / 0.61 s at q = 100 / 300 /
-# 700 / 1000, the features' form 0.34 s throughout (its Cholesky backward dominates), so they cross near q = 0.8 p.
-ROW_SPACE_BELOW = 0.75
+# p = 1000 (evidence and closed-form gradient, two chains at once, one thread): the row space took 2 / 14 / 74 / 139 ms
+# per chain at q = 100 / 300 / 700 / 1000, the features' form 55-68 ms throughout, so they cross near q = 0.68 p.
+ROW_SPACE_BELOW = 0.65
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -103,10 +103,6 @@ class _Reweighted:
     def form(self) -> str:
         return "features" if self.basis is None else "row space"
 
-    @property
-    def vectorized(self) -> bool:
-        """Whether the evidence takes all chains at once (the row-space form's does)."""
-        return self.basis is not None
 
     def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
         if self.basis is not None:
@@ -144,7 +140,6 @@ class _Orthogonal:
     """Spec §3.9: weights ``w~ = s^2 u`` [q] on the orthogonal basis ``phi~ = V^T phi / s``; O(q) per evaluation."""
 
     name = "orthogonal"
-    vectorized = True
 
     def __init__(self, stats: _linear.Statistics):
         self.basis = orthogonalise(stats)
@@ -253,8 +248,8 @@ class GRIEFI(GRIEF):
 
     def log_target(self, solver: _Reweighted | _Orthogonal) -> Callable[[Tensor], Tensor]:
         """``x = (log u [q], log sigma^2) -> log p(y | u, sigma^2) + log p(u) + log p(sigma^2) (+ sum x)``, a
-        differentiable float64 scalar (or [C] for x [C, q + 1] when ``solver.vectorized``: all chains at once); -inf
-        (a rejected proposal) where the evidence fails or is not finite."""
+        differentiable float64 scalar for x [q + 1], or [C] for x [C, q + 1] (every solver takes all chains at once);
+        -inf (a rejected proposal) where the evidence fails or is not finite."""
         weight_prior = LogNormal.from_mode_variance(1.0, self.weight_prior_variance)
         noise_prior = LogNormal.from_mode_variance(float(self.noise0_), self.noise_prior_variance)
         reject = torch.tensor(-math.inf, dtype=CORE)
@@ -264,7 +259,7 @@ class GRIEFI(GRIEF):
             try:
                 lml = solver.log_likelihood(u, noise)
             except NotPSDError:  # e.g. exp(x) overflowed: reject the proposal instead of stopping the chain
-                return reject
+                return reject.expand(f.shape[:-1])
             lml = torch.where(torch.isfinite(lml), lml, reject)
             return lml + weight_prior.log_prob(u).sum(-1) + noise_prior.log_prob(noise)
 
@@ -284,7 +279,7 @@ class GRIEFI(GRIEF):
         solver = self.make_solver(stats)
         result = mala(self.log_target(solver), self.start(solver), n_iterations=int(self.n_iterations),
                       burn_in=int(self.burn_in), thin=int(self.thin), step_size=float(self.step_size),
-                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_), vectorized=solver.vectorized)
+                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_), vectorized=True)
         x = result.flat_samples
         noise = x[:, -1].exp()
         mean, cov = solver.weight_moments(x[:, :-1].exp(), noise)

@@ -142,7 +142,7 @@ def test_3_ties_from_an_isotropic_kernel_on_identical_grids():
     assert torch.equal(idxs, again)
 
 
-# --- 4, 5, 6, 7, 8. Theorem 2 and the Nyström kernel -------------------------------------------------------------------
+# --- 4, 5, 6, 7, 8. Theorem 2 and the Nyström kernel -----------------------------------------------------------------
 def test_4_theorem2_hadamard_form_equals_the_explicit_product():
     s = setting()
     logl, idxs = top_eigenvalues(s["lams"], 40)
@@ -381,7 +381,8 @@ def test_11_gradients_equal_the_closed_form_and_finite_differences(p):
         for j in (0, p // 2, p - 1):
             e = torch.zeros(p, dtype=F64)
             e[j] = h
-            fd = (reweighted_log_likelihood(w + e, noise, stats) - reweighted_log_likelihood(w - e, noise, stats)) / (2 * h)
+            fd = (reweighted_log_likelihood(w + e, noise, stats)
+                  - reweighted_log_likelihood(w - e, noise, stats)) / (2 * h)
             assert fd.item() == pytest.approx(dw[j].item(), rel=1e-5, abs=1e-8)
         fd = (reweighted_log_likelihood(w, noise + h, stats) - reweighted_log_likelihood(w, noise - h, stats)) / (2 * h)
         assert fd.item() == pytest.approx(dnoise.item(), rel=1e-5)
@@ -695,8 +696,9 @@ def test_the_evidence_maximising_noise_is_the_dense_evidences_argmax(n, p):
         assert found == pytest.approx(1e-4, rel=1e-9)
     else:  # an interior maximum; a box that excludes it gives its nearer end
         assert 1e-3 < found < 1
-        assert _linear.evidence_maximising_noise(statistics(Phi, y), 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
-        assert _linear.evidence_maximising_noise(statistics(Phi, y), 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
+        stats = statistics(Phi, y)
+        assert _linear.evidence_maximising_noise(stats, 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
+        assert _linear.evidence_maximising_noise(stats, 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
 
 
 def interpolating_problem():

@@ -177,9 +177,9 @@ class DeepBasisModel(GPModel):
             (svdbk's 95% coverage: 0.97-0.99 on the dbk-table1 sets). ``dbk`` maximises the corrected model's
             exact evidence ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` over sigma^2 and refits its posterior;
             ``svdbk`` keeps q(w) and maximises its expected log-likelihood
-            ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)``. Both act in :meth:`fit_posterior` only and :meth:`clear_cache` restores the training sigma^2, so the
-            training loss never sees the calibrated value; validation passes (early stopping) score the
-            calibrated model.
+            ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)``. Both act in :meth:`fit_posterior` only and
+            :meth:`clear_cache` restores the training sigma^2, so the training loss never sees the calibrated
+            value; validation passes (early stopping) score the calibrated model.
         weight_decay: Adam's coupled L2 weight decay on the network's parameters only (default 1e-4, the paper's).
         noise: initial sigma^2 (default 1e-2, the paper's); ``noise_floor`` (default 1e-6) bounds it below.
         kernel: accepted only as None or ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method);

@@ -287,7 +287,7 @@ def test_regression_matches_type2_with_diagnostics_and_round_trips():
     result = fit(model, X, y, epochs=3, progress=False, seed=4)
     # no training (trainable = False): theta and sigma_0^2 are the exact GP's, as GRIEF-II's initialisation
     assert result.epochs_run == 0 and not model.trainable
-    initial = GRIEF(2, **options).double()
+    initial = GRIEF(2, init_stretch=(1,), **options).double()  # GRIEF-II's default multi-start moves theta
     initial.init(X, y, seed=4)
     torch.testing.assert_close(model.kernel.lengthscale, initial.kernel.lengthscale, rtol=0, atol=0)
     assert model.noise0_.item() == pytest.approx(initial.noise.item(), rel=1e-12)
@@ -367,7 +367,7 @@ def test_defaults_follow_the_paper():
                                                                                                1_000, 50)
     assert (model.n_chains, model.step_size, model.jacobian, model.solver, model.tune) == (2, 0.4, True, "auto",
                                                                                          "burn_in")
-    assert model.init_noise == "grief"
+    assert model.init_noise == "grief" and model.init_stretch == (1.0,)  # theta: the exact GP's, one start
     assert (model.weight_prior_variance, model.noise_prior_variance) == (100.0, 0.04)
     assert set(GRIEFI.posterior_options) <= set(GRIEFI.__init__.__code__.co_varnames)
 

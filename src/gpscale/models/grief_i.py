@@ -193,6 +193,8 @@ class GRIEFI(GRIEF):
             False drops it as the official code does (which samples softplus-transformed parameters).
         weight_prior_variance, noise_prior_variance: variances of the log-normal priors of u (mode 1) and sigma^2
             (mode sigma_0^2); the paper's 100 and 0.04.
+        init_stretch: as :class:`GRIEF`'s, but by default ``(1,)``: theta stays the exact GP's, as the paper
+            (GRIEF-I never learns theta; a multi-start type-II fit of it would be a different method).
         **kwargs: the options of :class:`GRIEF` (``grid_size``, ``init_exact_points``, ``init_iterations``,
             ``jitter``, ``kernel``, ``lengthscale``, ``outputscale``, ``noise``, ``chunk_size``, ...).
 
@@ -211,8 +213,9 @@ class GRIEFI(GRIEF):
     def __init__(self, n_features: int, n_eigen: int | None = 1000, *, solver: str = "auto",
                  n_iterations: int = 10_000, burn_in: int = 1_000, thin: int = 50, n_chains: int = 2,
                  step_size: float = 0.4, tune: str = "burn_in", jacobian: bool = True,
-                 weight_prior_variance: float = 100.0, noise_prior_variance: float = 0.04, **kwargs):
-        super().__init__(n_features, n_eigen, **kwargs)
+                 weight_prior_variance: float = 100.0, noise_prior_variance: float = 0.04,
+                 init_stretch: tuple[float, ...] = (1.0,), **kwargs):
+        super().__init__(n_features, n_eigen, init_stretch=init_stretch, **kwargs)
         self.solver = solver
         self.n_iterations = n_iterations
         self.burn_in = burn_in

@@ -191,8 +191,8 @@ def test_cli_bench_passes_its_options_to_the_runner(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "run_protocol", lambda protocol, **kw: seen.update(kw) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["bench", "--protocol", "quick", "--option", "epochs=2", "--option", "batch-size=64",
-              "--out", str(tmp_path)])
-    assert seen["options"] == {"epochs": 2, "batch_size": 64}
+              "--option", "init_stretch=1, 2.5", "--out", str(tmp_path)])
+    assert seen["options"] == {"epochs": 2, "batch_size": 64, "init_stretch": (1, 2.5)}
 
 
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):

@@ -83,8 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="data folder (default: $GPSCALE_DATA)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="replace a method option for every method run, repeatable (e.g. --option epochs=2); the "
-                        "results record the options that ran")
+                   help="replace a method option for every method run, repeatable (e.g. --option epochs=2; "
+                        "comma-separated values give a sequence: --option init_stretch=1,4); the results record the "
+                        "options that ran")
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel under torchrun: each process trains on its block of the training rows; "
                         "rank 0 scores, stores and reports")
@@ -445,6 +446,8 @@ def _parse_options(pairs: list[str]) -> dict:
 
 
 def _literal(text: str):
+    if "," in text:  # a sequence, e.g. init_stretch=1,2,4
+        return tuple(_literal(part.strip()) for part in text.split(","))
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"

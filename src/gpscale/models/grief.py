@@ -325,7 +325,8 @@ class GRIEF(GPModel):
             evidence at the initial theta over all training rows; ``"exact"``, the exact GP's, as the paper.
         init_stretch: factors applied to the exact GP's lengthscales to give the starts of a multi-start type-II
             fit on the exact GP's rows (:meth:`stretched_starts`); the start with the largest GRIEF evidence there
-            initialises training. Default ``(1, 2, 4, 8, 16)``; ``(1,)`` is the paper's single start.
+            initialises training. Default ``(1, 2, 4, 8, 16)``; ``(1,)`` is the paper's single start. Only with
+            the exact-GP initialisation (``init_exact_points > 0``).
         jitter: added to each 1-D grid factor K^(i) (default 1e-12, the official code's).
         kernel: only ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method) or an
             :class:`~gpscale.kernels.RBF`: the grid algebra needs a product of 1-D squared exponentials. ``ard``

@@ -493,15 +493,16 @@ _GRIEF_SPLITS = {row[0]: None if row[1] < GRIEF_EXACT_MAX_N else (0, 1, 2) for r
 # 3.82 and 3.12 (the paper's 0.49 and 3.21; an ad hoc script, L-BFGS-B after each start).
 GRIEF_II_PAPER = dict(n_eigen=None, grid_size=10, optimizer="lbfgs", epochs=100)
 # Where p = 1000 (concrete and above) GRIEF-II keeps v2's single start from the exact GP's theta: there an evaluation
-# costs O(n p^2), a multi-start took about 9 minutes for concrete's fold 0 here (three runs sharing two cores), and
-# it is not measured. Below n = 2000, v2's 300 full-batch Adam steps at lr 0.1 (on fold 0 of eight small sets the
-# loss had levelled off by 100-300 steps; 0.05 was slower everywhere, 0.01 far too slow); above, L-BFGS-B: there an
-# evaluation costs 1-20 s on one core (keggu, 57k rows: 7.5 s forward and 11.9 s backward with the one-hot selection
-# product, before the one-product Gram backward; elevators, 15k rows: 1.8 s and 3.1 s with both; kin40k, 36k rows:
-# 3 s and 5 s) and L-BFGS takes about 7 evaluations per iteration on this piecewise-smooth evidence (kin40k: 58 s
-# per iteration), so 300 Adam steps would take up to 1.5 h per fold.
+# costs O(n p^2), a multi-start with the fit after it took roughly 9 minutes for concrete's fold 0 here (read off
+# the clock, not timed; three runs sharing two cores), and its accuracy is not measured. Below n = 2000, v2's 300
+# full-batch Adam steps at lr 0.1 (on fold 0 of eight small sets the loss had levelled off by 100-300 steps; 0.05
+# was slower everywhere, 0.01 far too slow); above, L-BFGS-B: there an evaluation costs 1-20 s on one core (keggu,
+# 57k rows: 7.5 s forward and 11.9 s backward with the one-hot selection product, before the one-product Gram
+# backward; elevators, 15k rows: 1.8 s and 3.1 s with both; kin40k, 36k rows: 3 s and 5 s) and L-BFGS takes several
+# evaluations per iteration on this piecewise-smooth evidence (kin40k: 58 s per iteration, about 7 evaluations), so
+# 300 Adam steps would take up to 1.5 h per fold.
 GRIEF_II_SINGLE_START = dict(init_stretch=(1.0,))
-GRIEF_II_SINGLE_START_ADAM = dict(init_stretch=(1.0,), optimizer="adam", epochs=300, lr=0.1)
+GRIEF_II_SINGLE_START_ADAM = {**GRIEF_II_SINGLE_START, "optimizer": "adam", "epochs": 300, "lr": 0.1}
 
 
 def _grief_ii_overrides(n: int, p: int) -> dict:

@@ -121,7 +121,8 @@ class _ReweightedEvidence(torch.autograd.Function):
     from ``dLML/dK = 1/2 (K^{-1} y y^T K^{-1} - K^{-1})`` and Woodbury (``Phi^T K^{-1} y = W^{-1/2} a``,
     ``diag(Phi^T K^{-1} Phi) = (1 - d) / w``, ``tr K^{-1} = (n - p + sum d) / sigma^2``). B^{-1}'s diagonal needs
     one triangular inverse (p^3 / 3 flops, in matrix products), so a step costs about 2/3 p^3 where autograd
-    through the Cholesky factorisation costs several p^3 in triangular solves (0.15 s against 0.05 s at p = 1000).
+    through the Cholesky factorisation costs several p^3 in triangular solves (146 ms against 55-68 ms per chain at
+    p = 1000, one thread).
     """
 
     @staticmethod
@@ -242,7 +243,7 @@ def row_space_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -
     (:class:`_RowSpaceEvidence`); batched over leading dimensions (MCMC chains); NaN where C is not numerically
     positive definite, which a sampler rejects.
     """
-    return _RowSpaceEvidence.apply(w.to(CORE), noise.to(CORE), basis.G, basis.r, basis.rss, basis.n)
+    return _RowSpaceEvidence.apply(w.to(CORE), noise.to(CORE), basis)
 
 
 class _RowSpaceEvidence(torch.autograd.Function):
@@ -252,29 +253,29 @@ class _RowSpaceEvidence(torch.autograd.Function):
         dLML/dsigma^2 = 1/2 [rss / sigma^4 + ||alpha||^2 - tr C^{-1} - (n - q) / sigma^2],
 
     ``g_i^T C^{-1} g_i`` being the squared column norms of ``L^{-1} G``. About 2 q^2 p + 2/3 q^3 flops per step, in
-    matrix products, where autograd spends several q^2 p in triangular solves (0.21 s against 0.06 s at q = 700,
-    p = 1000).
+    matrix products, where autograd spends several q^2 p in triangular solves (210 ms against 74 ms per chain at
+    q = 700, p = 1000, one thread).
     """
 
     @staticmethod
-    def forward(ctx, w: Tensor, s2: Tensor, G: Tensor, r: Tensor, rss: Tensor, n: int) -> Tensor:
-        eye = torch.eye(G.shape[0], dtype=CORE, device=G.device)
-        L = _cholesky_or_nan((G * w.unsqueeze(-2)) @ G.T + s2[..., None, None] * eye)
-        c = solve_lower(L, r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-        ctx.save_for_backward(s2, G, L, c, rss)
-        ctx.n = n
-        q = G.shape[0]
-        return -0.5 * (rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (n - q) * s2.log() + n * LOG_2PI)
+    def forward(ctx, w: Tensor, s2: Tensor, basis: OrthogonalBasis) -> Tensor:
+        _, L = row_space_factor(w, s2, basis)
+        c = solve_lower(L, basis.r.expand(*L.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(s2, L, c)
+        ctx.basis = basis
+        n, q = basis.n, basis.r.shape[0]
+        return -0.5 * (basis.rss / s2 + (c**2).sum(-1) + logdet_from_cholesky(L) + (n - q) * s2.log() + n * LOG_2PI)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        s2, G, L, c, rss = ctx.saved_tensors
+        s2, L, c = ctx.saved_tensors
+        basis = ctx.basis
         L_inv = lower_inverse(L)
         alpha = (L_inv.mT @ c.unsqueeze(-1)).squeeze(-1)
-        dw = 0.5 * ((alpha @ G) ** 2 - ((L_inv @ G) ** 2).sum(-2))
-        q = G.shape[0]
-        ds2 = 0.5 * (rss / s2**2 + (alpha**2).sum(-1) - (L_inv**2).sum((-2, -1)) - (ctx.n - q) / s2)
-        return grad.unsqueeze(-1) * dw, grad * ds2, None, None, None, None
+        dw = 0.5 * ((alpha @ basis.G) ** 2 - ((L_inv @ basis.G) ** 2).sum(-2))
+        q = basis.r.shape[0]
+        ds2 = 0.5 * (basis.rss / s2**2 + (alpha**2).sum(-1) - (L_inv**2).sum((-2, -1)) - (basis.n - q) / s2)
+        return grad.unsqueeze(-1) * dw, grad * ds2, None
 
 
 def orthogonal_predict(Phi: Tensor, w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> tuple[Tensor, Tensor]:

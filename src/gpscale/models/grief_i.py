@@ -103,7 +103,6 @@ class _Reweighted:
     def form(self) -> str:
         return "features" if self.basis is None else "row space"
 
-
     def log_likelihood(self, u: Tensor, noise: Tensor) -> Tensor:
         if self.basis is not None:
             return row_space_log_likelihood(u, noise, self.basis)

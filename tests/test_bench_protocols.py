@@ -230,7 +230,7 @@ GRIEF_TABLE1_P = {
 
 
 def test_grief_protocols_are_registered():
-    assert get_protocol("grief-table1").version == 3 and get_protocol("grief-scale").version == 2
+    assert get_protocol("grief-table1").version == 4 and get_protocol("grief-scale").version == 2
 
 
 def test_grief_table1_layout():
@@ -245,12 +245,18 @@ def test_grief_table1_layout():
     # rule on the training size) only as the fallback for a set outside the table
     assert specs["grief"].key == "grief" and specs["grief"].options["n_eigen"] is None
     # p <= 100: the model's multi-start, then the paper's optimiser, L-BFGS-B, for at most 100 iterations; p = 1000
-    # (an evaluation costs up to 20 s): v2's single start, with 300 Adam steps below n = 2000
+    # (an evaluation costs up to 20 s): v2's single start, with 300 Adam steps below n = 2000 and at most 20 L-BFGS-B
+    # iterations on the two largest sets
     adam = {"optimizer": "adam", "epochs": 300, "lr": 0.1}
+
+    def single_start(n):
+        return {"init_stretch": (1.0,), **(adam if n < 2000 else {"epochs": 20} if n > 20_000 else {})}
+
     assert specs["grief"].dataset_overrides == {
-        dataset: {"n_eigen": p, **({} if p < 1000 else {"init_stretch": (1.0,),
-                                                         **(adam if GRIEF_TABLE1_SIZES[dataset][0] < 2000 else {})})}
+        dataset: {"n_eigen": p, **({} if p < 1000 else single_start(GRIEF_TABLE1_SIZES[dataset][0]))}
         for dataset, p in GRIEF_TABLE1_P.items()}
+    assert specs["grief"].dataset_overrides["kin40k"]["epochs"] == 20
+    assert "epochs" not in specs["grief"].dataset_overrides["elevators"]
     assert all(paper_n_eigen(GRIEF_TABLE1_SIZES[dataset][0]) == p for dataset, p in GRIEF_TABLE1_P.items())
     assert {k: specs["grief"].options[k] for k in ("grid_size", "optimizer", "epochs")} == {
         "grid_size": 10, "optimizer": "lbfgs", "epochs": 100}

@@ -31,6 +31,7 @@ from gpscale.models import _linear, get_model_class
 from gpscale.models.exact import ExactGP
 from gpscale.models.grief import (
     GRIEF,
+    INIT_STRETCH,
     _white_noise_loss,
     orthogonal_log_likelihood,
     orthogonal_predict,
@@ -833,6 +834,39 @@ def test_a_multi_start_that_cannot_be_evaluated_keeps_the_exact_gps_theta(monkey
     model.init_stretch = (1.0, 4.0)
     assert all(loss == math.inf for _, loss in model.stretched_starts(X, y))
     torch.testing.assert_close(model.kernel.lengthscale.detach(), exact_ls, rtol=0, atol=0)
+
+
+def blind_input_problem(n=1500, exact_rows=200):
+    """Two smooth inputs and a third that is 0 on the exact GP's rows and on most others: elsewhere it takes 12
+    values spread over [-6, 6], so its grid has 10 points that the exact GP's rows never tell apart (three inputs of
+    keggundirected are constant on 999 of its 1000 rows)."""
+    g = torch.Generator().manual_seed(5)
+    X = torch.zeros(n, 3, dtype=F64)
+    X[:, :2] = torch.rand(n, 2, generator=g, dtype=F64) * 4 - 2
+    seen = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:exact_rows]  # init's rows at seed 0
+    unseen = torch.ones(n, dtype=torch.bool)
+    unseen[seen] = False
+    X[unseen.nonzero().squeeze(1)[:12], 2] = torch.linspace(-6, 6, 12, dtype=F64)
+    y = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.05 * torch.randn(n, generator=g, dtype=F64)
+    return X, (y - y.mean()) / y.std()
+
+
+def test_the_multi_start_lengthens_an_input_the_exact_gp_cannot_see():
+    # the exact GP leaves the blind input's lengthscale at its start, ln 2, far below its grid's spacing (> 1.2):
+    # that factor's 10 eigenvalues are nearly equal, so the top p of the product repeat a few eigenfunctions of the
+    # other inputs and Phi carries about half of the kernel's variance, the rest going to sigma^2
+    X, y = blind_input_problem()
+    results = {}
+    for stretch in ((1,), INIT_STRETCH):
+        model = GRIEF(3, n_eigen=30, init_exact_points=200, init_stretch=stretch).double()
+        model.init(X, y)
+        with torch.no_grad():
+            variance = ((model.features(X) ** 2).sum(1).mean() / model.kernel.outputscale).item()
+            results[stretch] = (model.kernel.lengthscale[2].item(), variance, model.loss(X, y, X.shape[0]).item())
+    (blind, variance, loss), (stretched, variance_ms, loss_ms) = results[(1,)], results[INIT_STRETCH]
+    assert blind == pytest.approx(math.log(2), rel=1e-9)
+    assert variance < 0.6 and stretched > 5.0 and variance_ms > 0.8
+    assert loss_ms < loss - 1.0  # measured 1.34 and -0.54 per point
 
 
 @pytest.mark.skipif(not os.environ.get("GPSCALE_DATA"), reason="GPSCALE_DATA not set")

@@ -419,8 +419,12 @@ class GRIEF(GPModel):
         Why: the exact GP's lengthscales suit the full kernel, and the top-p truncation then drops much of its
         variance; the rank-p evidence has other, better maxima at longer lengthscales, where fewer eigenfunctions
         carry the kernel, which a descent from the exact GP's theta does not reach (energy, p = 100, fold 0: loss
-        per point -1.03 from the exact GP's lengthscales, -1.36 from 8 times them). O(init_exact_points p^2) per
-        evaluation, a few hundred evaluations per start.
+        per point -1.03 from the exact GP's lengthscales, -1.36 from 8 times them). And an input that is constant on
+        (almost) all of the exact GP's rows keeps its starting lengthscale, which can lie far below its grid's
+        spacing: that factor's mbar_i eigenvalues are then nearly equal and the top p of the product repeat a few
+        eigenfunctions of the other inputs (keggundirected, p = 1000: Phi carries 43% of the kernel's variance
+        from the exact GP's theta, 99.98% from the best start). O(init_exact_points p^2) per evaluation, a few
+        hundred evaluations per start.
         """
         base = copy.deepcopy(self.kernel.state_dict())
         best, found = (math.inf, None), []

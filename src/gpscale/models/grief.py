@@ -79,6 +79,9 @@ INIT_RANGE = 1e4
 # restarted from lengthscales spread to the data (pumadyn32nm fold 0: from ln 2 in 32 standardised dimensions the
 # fit never left the start, with sigma^2 = var(y) and a gradient of 1e-10, and GRIEF-II then had test RMSE 1.00)
 EXPLAINS_NOTHING = 1e-3
+# An exact GP on at least this many rows that sees an input take one value on all of them but one cannot fit that
+# input's lengthscale; fewer rows leave every lengthscale loosely determined, with nothing specific to warn about.
+BLIND_MIN_ROWS = 100
 
 
 def paper_n_eigen(n: int) -> int:
@@ -401,6 +404,8 @@ class GRIEF(GPModel):
             noise = exact.noise.detach()
             if len(self.init_stretch) > 1:
                 self.stretched_starts(Xs, ys)
+            else:
+                self._warn_about_blind_inputs(Xs)
         else:
             warnings.warn("GP-GRIEF's exact-GP initialisation failed at its starting point (the Cholesky of K + "
                           "sigma^2 I); the constructor's lengthscale, outputscale and noise are kept. Pass other "
@@ -445,6 +450,26 @@ class GRIEF(GPModel):
         else:
             self.load_state_dict(best[1])
         return found
+
+    def _warn_about_blind_inputs(self, Xs: Tensor) -> None:
+        """Warn when some input with a grid of several points takes one value on all but at most one of the exact
+        GP's rows Xs: the exact GP cannot fit its lengthscale, which keeps its start, and where that lies below the
+        grid's spacing the input's mbar_i nearly equal eigenvalues crowd the top p of the product (keggundirected,
+        three such inputs at p = 1000: Phi carries 43% of the kernel's variance)."""
+        if Xs.shape[0] < BLIND_MIN_ROWS:
+            return
+        blind = [i for i, size in enumerate(self.grid_sizes.tolist())
+                 if size > 1 and Xs[:, i].unique(return_counts=True)[1].max() >= Xs.shape[0] - 1]
+        if blind:
+            lengthscale = self.kernel.lengthscale.detach().expand(self.n_features)
+            warnings.warn(f"GP-GRIEF's inputs {blind} take one value on all but at most one of the exact GP's "
+                          f"{Xs.shape[0]} initialisation rows, so it cannot fit their lengthscales, which stay near "
+                          f"their start ({', '.join(f'{lengthscale[i].item():.3g}' for i in blind)}). Where these "
+                          f"lie below the spacing of those inputs' grids, their nearly equal eigenvalues crowd out "
+                          f"the others in the top n_eigen and the features carry little of the kernel's variance. "
+                          f"Pass init_stretch=(1, 2, 4, 8, 16) (the multi-start, which lengthens them where that "
+                          f"raises the evidence), or init_exact_points=0 with lengthscales of your own.",
+                          UserWarning, stacklevel=4)
 
     def _fit_exact_gp(self, Xs: Tensor, ys: Tensor, kernel: Kernel) -> tuple[ExactGP, lbfgs.LbfgsResult]:
         exact = ExactGP(self.n_features, kernel=copy.deepcopy(kernel), noise=float(self.noise.detach()),

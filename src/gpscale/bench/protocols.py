@@ -506,11 +506,11 @@ GRIEF_II_SINGLE_START_ADAM = {**GRIEF_II_SINGLE_START, "optimizer": "adam", "epo
 # v4, on the two largest sets (kin40k, keggu; 36k and 51k training rows): the multi-start, as where p <= 100, then
 # at most 20 L-BFGS-B iterations. The exact GP cannot see an input that is constant on almost all of its 1000 rows
 # (keggu: three inputs take one value on 99.55% of the rows, 999 of the 1000), so their lengthscales stay at the
-# start, 0.69, far below their grid's spacing (5.8-10.8): each such grid factor has mbar_i nearly equal eigenvalues,
-# the top p = 1000 of the product are 500 copies of two eigenfunctions of the other inputs, and Phi carries 43% of
-# the kernel's variance (fold 0: sigma^2 0.49, loss per point 1.08 on 3000 training rows). The best of the five
-# starts (the longest) lengthens them to 62-77: 99.98% of the variance, sigma^2 0.015, loss -0.67; about 6 minutes
-# of the fold. An L-BFGS-B iteration on the full rows costs about a minute on one core (7.4 s an evaluation on
+# start, 0.69, far below their grid's spacing (5.8-10.8): each such grid factor has mbar_i nearly equal eigenvalues
+# (5 x 10 x 10 nearly equal products), so the top p = 1000 repeat a few eigenfunctions of the other inputs, and Phi
+# carries 43% of the kernel's variance (fold 0: sigma^2 0.49, loss per point 1.08 on 3000 training rows). The best
+# of the five starts lengthens them to 62-77: 99.98% of the variance, sigma^2 0.015, loss -0.67; about
+# 6 minutes of the fold. An L-BFGS-B iteration on the full rows costs about a minute on one core (7.4 s an evaluation on
 # kin40k, several evaluations an iteration); on kin40k's fold 0 from one start the loss per point was -0.1201 after
 # 4 iterations, -0.1315 after 11 and -0.1317 after 15. The paper gives no iteration limit (spec §7).
 GRIEF_II_LARGEST_N = 20_000
@@ -584,8 +584,9 @@ register_protocol(Protocol(
                 "keggundirected, 10,000 MALA "
                 "iterations, burn-in 1000, thin 50, two chains, step size adapted toward acceptance 0.574 during "
                 "burn-in and then fixed, where the official code tunes throughout) with the O(p) orthogonal "
-                "solver (grief-i-orth, seconds per fold) and with the paper's eq. 18 (grief-i: O(p^3), over an hour "
-                "per fold on 2 cores, or O(n^2 p) in the row space of Phi below 750 rows), and our exact GP "
+                "solver (grief-i-orth, seconds per fold) and with the paper's eq. 18 (grief-i: O(p^3), about 20 min "
+                "per fold at p = 1000 here, or O(q^2 p) in the row space of Phi where its rank q < 0.65 p), and "
+                "our exact GP "
                 "(300 Adam steps at lr 0.1) where n < 2000, beside Yang et al.'s. "
                 "The paper's 21 UCI sets that we have (3droad and electric are not in the data folder), the fixed "
                 "10-fold splits: all 10 below n = 2000, folds 0-2 above. The grid comes from the training inputs. "

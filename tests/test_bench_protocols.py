@@ -230,7 +230,7 @@ GRIEF_TABLE1_P = {
 
 
 def test_grief_protocols_are_registered():
-    assert get_protocol("grief-table1").version == 5 and get_protocol("grief-scale").version == 2
+    assert get_protocol("grief-table1").version == 6 and get_protocol("grief-scale").version == 2
 
 
 def test_grief_table1_layout():
@@ -244,19 +244,21 @@ def test_grief_table1_layout():
     # GRIEF-II: the table's p on every set (the rule on the whole set's n, not the training size), n_eigen=None (the
     # rule on the training size) only as the fallback for a set outside the table
     assert specs["grief"].key == "grief" and specs["grief"].options["n_eigen"] is None
-    # p <= 100: the model's multi-start, then the paper's optimiser, L-BFGS-B, for at most 100 iterations; p = 1000
-    # (an evaluation costs up to 20 s): v2's single start, with 300 Adam steps below n = 2000, except on the two
-    # largest sets: the multi-start again, then at most 20 L-BFGS-B iterations
-    adam = {"optimizer": "adam", "epochs": 300, "lr": 0.1}
+    # p <= 100 and from n = 2000: the model's multi-start, then the paper's optimiser, L-BFGS-B, for at most 100
+    # iterations (20 on the two largest sets, where an iteration costs about a minute); p = 1000 below n = 2000:
+    # v2's single start, then 300 Adam steps
+    adam = {"init_stretch": (1.0,), "optimizer": "adam", "epochs": 300, "lr": 0.1}
 
     def p1000(n):
-        return {"epochs": 20} if n > 20_000 else {"init_stretch": (1.0,), **(adam if n < 2000 else {})}
+        return adam if n < 2000 else {"epochs": 20} if n > 20_000 else {}
 
     assert specs["grief"].dataset_overrides == {
         dataset: {"n_eigen": p, **({} if p < 1000 else p1000(GRIEF_TABLE1_SIZES[dataset][0]))}
         for dataset, p in GRIEF_TABLE1_P.items()}
     assert specs["grief"].dataset_overrides["keggundirected"] == {"n_eigen": 1000, "epochs": 20}
-    assert specs["grief"].dataset_overrides["elevators"] == {"n_eigen": 1000, "init_stretch": (1.0,)}
+    assert specs["grief"].dataset_overrides["elevators"] == {"n_eigen": 1000}
+    assert specs["grief"].dataset_overrides["wine"]["init_stretch"] == (1.0,)
+    assert "init_stretch" not in specs["grief"].options  # elsewhere the model's default, the multi-start
     assert all(paper_n_eigen(GRIEF_TABLE1_SIZES[dataset][0]) == p for dataset, p in GRIEF_TABLE1_P.items())
     assert {k: specs["grief"].options[k] for k in ("grid_size", "optimizer", "epochs")} == {
         "grid_size": 10, "optimizer": "lbfgs", "epochs": 100}
@@ -265,9 +267,11 @@ def test_grief_table1_layout():
         assert specs[label].key == "grief-i" and options["solver"] == solver and options["n_eigen"] == 1000
         assert (options["n_iterations"], options["burn_in"], options["thin"]) == (10_000, 1_000, 50)
         assert "tune" not in options  # the default: adapted in burn-in only
-        # theta from the exact GP alone (the paper's), except on the two largest sets: GRIEF-II's multi-start
+        # theta from the exact GP alone (the paper's) below n = 2000, from GRIEF-II's multi-start above
         assert specs[label].dataset_overrides == {dataset: {"init_stretch": INIT_STRETCH}
-                                                  for dataset in ("kin40k", "keggundirected")}
+                                                  for dataset, (n, _) in GRIEF_TABLE1_SIZES.items() if n >= 2000}
+        assert set(specs[label].dataset_overrides) == {"skillcraft", "pumadyn32nm", "elevators", "kin40k",
+                                                       "keggundirected"}
     # grief-i-orth first, so that grief-i (80 min a fold) reuses its cheap initialisation, not the other way round
     assert [spec.name for spec in protocol.methods].index("grief-i-orth") < [s.name for s in protocol.methods].index(
         "grief-i")

@@ -230,7 +230,7 @@ GRIEF_TABLE1_P = {
 
 
 def test_grief_protocols_are_registered():
-    assert get_protocol("grief-table1").version == 6 and get_protocol("grief-scale").version == 2
+    assert get_protocol("grief-table1").version == 7 and get_protocol("grief-scale").version == 2
 
 
 def test_grief_table1_layout():

@@ -33,6 +33,8 @@ from gpscale.models.exact import ExactGP
 from gpscale.models.grief import (
     GRIEF,
     INIT_STRETCH,
+    SPREAD_FACTORS,
+    _spread_lengthscale,
     _white_noise_loss,
     orthogonal_log_likelihood,
     orthogonal_predict,
@@ -787,6 +789,35 @@ def test_an_exact_gp_that_explains_nothing_restarts_from_lengthscales_spread_to_
     assert ls[:2].max() < ls[2:].median() / 3  # the two relevant inputs found
     with torch.no_grad():
         assert model.loss(X, y, 400).item() < _white_noise_loss(y) - 0.3
+
+
+def test_the_restart_fits_from_each_spread_factor_and_keeps_the_largest_evidence(monkeypatch):
+    # pumadyn32nm folds 0 and 2: from the spread lengthscales the fit switched off two of the four relevant inputs;
+    # from half of them it found all four (SPREAD_FACTORS' comment)
+    g = torch.Generator().manual_seed(32)
+    X = torch.randn(200, 32, generator=g, dtype=F64)
+    y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(200, generator=g, dtype=F64)
+    y = (y - y.mean()) / y.std()
+    fits = []
+    real_fit = GRIEF._fit_exact_gp
+
+    def recorded(self, Xs, ys, kernel):
+        start = kernel.lengthscale.detach().clone()
+        exact, fitted = real_fit(self, Xs, ys, kernel)
+        fits.append((start, fitted.loss, exact.kernel.lengthscale.detach().clone()))
+        return exact, fitted
+
+    monkeypatch.setattr(GRIEF, "_fit_exact_gp", recorded)
+    model = GRIEF(32, n_eigen=50, init_exact_points=200, init_stretch=(1,)).double()
+    model.init(X, y)
+    assert SPREAD_FACTORS == (1.0, 0.5)
+    assert len(fits) == 1 + len(SPREAD_FACTORS)  # the constructor's start explained nothing, then one fit a factor
+    torch.testing.assert_close(fits[0][0], torch.full((32,), math.log(2), dtype=F64))
+    for (start, _, _), factor in zip(fits[1:], SPREAD_FACTORS):
+        torch.testing.assert_close(start, _spread_lengthscale(X, True) * factor)
+    losses = [loss for _, loss, _ in fits]
+    assert len(set(losses)) == len(losses)  # different optima, so the choice is visible
+    torch.testing.assert_close(model.kernel.lengthscale.detach(), fits[int(np.argmin(losses))][2], rtol=0, atol=0)
 
 
 def test_a_failed_exact_gp_keeps_the_constructors_theta_with_a_warning(monkeypatch):

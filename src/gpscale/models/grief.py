@@ -399,10 +399,11 @@ class GRIEF(GPModel):
         if fitted.evaluated and fitted.loss >= _white_noise_loss(ys) - EXPLAINS_NOTHING:
             # the fit stayed where the kernel between distinct rows is ~0 (lengthscales far below the spacing of
             # the rows, as ln 2 is in 32 standardised dimensions): restart where typical rows correlate
+            spread = _spread_lengthscale(Xs, self.kernel.ard)
             for factor in SPREAD_FACTORS:
                 start = copy.deepcopy(self.kernel)
                 with torch.no_grad():
-                    start.raw_lengthscale.copy_(inverse_softplus(_spread_lengthscale(Xs, start.ard) * factor))
+                    start.raw_lengthscale.copy_(inverse_softplus(spread * factor))
                 exact_spread, fitted_spread = self._fit_exact_gp(Xs, ys, start)
                 if fitted_spread.evaluated and fitted_spread.loss < fitted.loss:
                     exact, fitted = exact_spread, fitted_spread

@@ -1,6 +1,7 @@
 """Deep basis kernel GPs against dense references: the verification list of shared/specs/lrdkd.md §13 (items
 numbered there), the variance correction, and the model's plumbing (networks, options, weight decay, estimator)."""
 import math
+import warnings
 from fractions import Fraction
 from unittest.mock import patch
 
@@ -11,7 +12,7 @@ from torch import nn
 from torch.distributions import MultivariateNormal, kl_divergence
 
 import gpscale
-from gpscale import GPRegressor
+from gpscale import ExtrapolationWarning, GPRegressor
 from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _linear, get_model_class
@@ -668,3 +669,30 @@ def test_regressor_fits_predicts_and_round_trips(tmp_path, method, options):
     assert loaded.model_.key == method and loaded.model_.cache.keys() == reg.model_.cache.keys()
     for a, b in zip((mean, std), loaded.predict(X[150:], return_std=True)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("method", ["dbk", "svdbk"])
+def test_predicting_outside_the_training_box_warns_and_the_box_survives_a_round_trip(tmp_path, method):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (120, 2)) * [1.0, 3.0]
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(120)
+    with warnings.catch_warnings():
+        # validation rows, which may leave the box of the rows trained on, never warn; nor do the training rows
+        warnings.simplefilter("error", ExtrapolationWarning)
+        reg = GPRegressor(method=method, n_basis=4, width=8, epochs=5, batch_size=32, val_fraction=0.3,
+                          progress=False).fit(X, y)
+        reg.predict(X)
+    span = np.ptp(X, axis=0)
+    beyond = np.array([[X[:, 0].max() + 0.2 * span[0], 0.0],   # 0.2 of feature 0's range above its maximum
+                       [0.0, X[:, 1].min() - 0.1 * span[1]]])  # 0.1 of feature 1's range below its minimum
+    path = tmp_path / "model.gps"
+    reg.save(path)
+    for model in (reg, gpscale.load(path)):
+        with pytest.warns(ExtrapolationWarning, match=r"^2 of 5 rows .*at most 0\.2 times feature 0's") as record:
+            model.predict(np.vstack([X[:3], beyond]))
+        assert record[0].filename == __file__  # the warning points at the caller's line
+    for name in ("x_lower", "x_upper"):  # as in a model file written before the box was recorded
+        del model.model_.cache[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ExtrapolationWarning)
+        model.predict(beyond)

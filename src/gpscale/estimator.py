@@ -93,7 +93,9 @@ class _GPEstimator(BaseEstimator):
         without autograd)."""
         check_is_fitted(self, "model_")
         X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
-        return self.model_.predict(self._to_tensor(self._scale_x(X)))
+        X = self._to_tensor(self._scale_x(X))
+        self.model_.check_inputs(X)
+        return self.model_.predict(X)
 
     # --- persistence -------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, metadata: dict | None = None) -> None:

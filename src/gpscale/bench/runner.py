@@ -189,6 +189,7 @@ def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
         trained[identity] = {"model": model, "result": result}
 
     def predict(Xs):
+        model.check_inputs(Xs)
         with torch.no_grad():
             return model.likelihood.predictive(*model.predict(Xs))
 

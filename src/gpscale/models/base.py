@@ -168,6 +168,11 @@ class GPModel(nn.Module):
         parts = [self.predict_chunk(Xc) for Xc in X.split(self.chunk_size)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
 
+    def check_inputs(self, X: Tensor) -> None:
+        """Warn about rows of X [n*, d] where the fitted posterior should not be trusted; called on the inputs a
+        user asks to predict at (not on validation rows during training). Default: nothing, as a stationary
+        kernel's posterior reverts to its prior away from the data."""
+
     def parameter_groups(self) -> list[dict]:
         """The trainable parameters as ``torch.optim`` parameter groups; :func:`gpscale.train.fit` optimises these.
 

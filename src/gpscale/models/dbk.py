@@ -257,7 +257,7 @@ class DeepBasisModel(GPModel):
         """An :class:`ExtrapolationWarning` when rows of X [n*, d] leave the box of the training inputs. Outside the
         data a stationary GP falls back to its prior, but nothing ties phi(x) there to anything: the mean
         phi(x)^T alpha can be far off while its variance stays small. Uncorrected exact DBK on protein predicted 33
-        (targets in [-2.4, 1.6]) at a test row 1% of the range outside the box (docs/dbk.md)."""
+        (targets in [-2.4, 1.6]) at one of 3 test rows at most 1% of the range outside the box (docs/dbk.md)."""
         if "x_lower" in self.cache:  # model files written before the box was recorded have none
             warn_outside_box(X, self.cache["x_lower"], self.cache["x_upper"])
 

@@ -696,3 +696,16 @@ def test_predicting_outside_the_training_box_warns_and_the_box_survives_a_round_
     with warnings.catch_warnings():
         warnings.simplefilter("error", ExtrapolationWarning)
         model.predict(beyond)
+
+
+def test_leaving_a_feature_that_was_constant_in_training_is_reported_as_a_distance():
+    rng = np.random.default_rng(1)
+    X = np.column_stack([rng.uniform(-1, 1, 80), np.full(80, 2.0)])  # feature 1 has no training range
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(80)
+    reg = GPRegressor(method="dbk", n_basis=4, width=8, epochs=5, progress=False).fit(X, y)
+    rows = np.array([[0.0, 2.0], [0.0, 2.5], [X[:, 0].max() + 0.5 * np.ptp(X[:, 0]), 2.0]])
+    with pytest.warns(ExtrapolationWarning) as record:
+        reg.predict(rows)
+    # the constant feature's excursion has no relative size, so it is the worst one, given in the inputs' units
+    assert str(record[0].message).startswith("2 of 3 rows lie outside the range of the training inputs (feature 1 "
+                                             "took one value in training, and these rows lie up to 0.5 away from it)")

@@ -270,18 +270,25 @@ class DeepBasisModel(GPModel):
 
 def warn_outside_box(X: Tensor, lower: Tensor, upper: Tensor) -> None:
     """Warn (:class:`ExtrapolationWarning`) when rows of X [n*, d] leave the box [lower, upper] (each [d]): how
-    many, and the largest excursion, in units of that feature's training range."""
+    many, and the largest excursion, in units of that feature's training range (a feature that was constant in
+    training has none: leaving its value counts as the largest excursion, reported as a distance)."""
     excess = torch.maximum(lower - X, X - upper).clamp_min(0)  # [n*, d]
     outside = (excess > 0).any(-1)
     if not bool(outside.any()):
         return
-    relative = excess / (upper - lower).clamp_min(torch.finfo(X.dtype).tiny)
+    span = upper - lower
+    relative = torch.where(span > 0, excess / span.where(span > 0, torch.ones_like(span)),
+                           torch.where(excess > 0, math.inf, 0.0))
     worst = int(relative.amax(0).argmax())
+    if span[worst] > 0:
+        how_far = f"at most {float(relative[:, worst].max()):.3g} times feature {worst}'s training range beyond it"
+    else:
+        how_far = (f"feature {worst} took one value in training, and these rows lie up to "
+                   f"{float(excess[:, worst].max()):.3g} away from it")
     warnings.warn(
-        f"{int(outside.sum())} of {X.shape[0]} rows lie outside the range of the training inputs (at most "
-        f"{float(relative[:, worst].max()):.3g} times feature {worst}'s training range beyond it). A deep basis "
-        "kernel is unconstrained by data there: the predicted mean can be far off while its variance stays small. "
-        "Check those predictions, or train on data that covers them.", ExtrapolationWarning,
+        f"{int(outside.sum())} of {X.shape[0]} rows lie outside the range of the training inputs ({how_far}). A "
+        "deep basis kernel is unconstrained by data there: the predicted mean can be far off while its variance "
+        "stays small. Check those predictions, or train on data that covers them.", ExtrapolationWarning,
         stacklevel=6)  # through check_inputs, GPRegressor's _latent, predict and its no_grad wrapper to the caller
 
 

@@ -277,8 +277,7 @@ def warn_outside_box(X: Tensor, lower: Tensor, upper: Tensor) -> None:
     if not bool(outside.any()):
         return
     span = upper - lower
-    relative = torch.where(span > 0, excess / span.where(span > 0, torch.ones_like(span)),
-                           torch.where(excess > 0, math.inf, 0.0))
+    relative = (excess / span).nan_to_num(nan=0.0, posinf=math.inf)  # 0 / 0 inside a constant feature's value
     worst = int(relative.amax(0).argmax())
     if span[worst] > 0:
         how_far = f"at most {float(relative[:, worst].max()):.3g} times feature {worst}'s training range beyond it"

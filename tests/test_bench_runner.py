@@ -186,13 +186,35 @@ def test_options_given_to_the_run_replace_the_protocols_on_every_dataset(tmp_pat
     assert all(r["options"]["epochs"] == 2 and r["options"]["n_inducing"] == 8 for r in runs)
 
 
+def test_data_options_given_to_the_run_replace_the_protocols_and_are_recorded(tmp_path):
+    spec = MethodSpec("sgpr", dict(n_inducing=8, epochs=2, lr=0.1))
+    protocol = replace(TINY, methods=(spec,), datasets={"friedman1": (0,)}, dataset_options={"friedman1": {"n": 120}})
+    path = run_protocol(protocol, out_dir=tmp_path, progress=False, log=lambda _: None,
+                        data_options={"n": 150, "x_scaling": "minmax"})
+    (run,) = ResultsStore(path).runs()
+    assert run["n_train"] == load_dataset("friedman1", n=150).n_train != load_dataset("friedman1", n=120).n_train
+    assert run["options"]["data"] == {"n": 150, "x_scaling": "minmax"}
+    # without data options the record is as before: no "data" entry
+    (plain,) = ResultsStore(run_protocol(protocol, out_dir=tmp_path / "plain", progress=False,
+                                         log=lambda _: None)).runs()
+    assert "data" not in plain["options"]
+
+
+def test_an_unknown_data_option_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="'x_scale'.*x_scaling"):
+        run_protocol(TINY, out_dir=tmp_path, progress=False, log=lambda _: None, data_options={"x_scale": "none"})
+    with pytest.raises(ValueError, match="'split'"):  # the runner sets the split itself
+        run_protocol(TINY, out_dir=tmp_path, progress=False, log=lambda _: None, data_options={"split": 3})
+
+
 def test_cli_bench_passes_its_options_to_the_runner(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(runner, "run_protocol", lambda protocol, **kw: seen.update(kw) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["bench", "--protocol", "quick", "--option", "epochs=2", "--option", "batch-size=64",
-              "--option", "init_stretch=1, 2.5", "--out", str(tmp_path)])
+              "--option", "init_stretch=1, 2.5", "--data-option", "x_scaling=standard", "--out", str(tmp_path)])
     assert seen["options"] == {"epochs": 2, "batch_size": 64, "init_stretch": (1, 2.5)}
+    assert seen["data_options"] == {"x_scaling": "standard"}
 
 
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):

@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="replace a method option for every method run, repeatable (e.g. --option epochs=2; "
                         "comma-separated values give a sequence: --option init_stretch=1,4); the results record the "
                         "options that ran")
+    p.add_argument("--data-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="replace a data-loading option on every data set, repeatable (e.g. --data-option "
+                        "x_scaling=standard; the options of gpscale.data.load_dataset); the results record them")
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel under torchrun: each process trains on its block of the training rows; "
                         "rank 0 scores, stores and reports")
@@ -297,7 +300,7 @@ def _bench(args) -> None:
     tic = time.perf_counter()
     path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
                         data_dir=args.data_dir, resume=args.resume, device=device, comm=comm,
-                        options=_parse_options(args.option))
+                        options=_parse_options(args.option), data_options=_parse_options(args.data_option))
     if comm.rank != 0:  # rank 0 writes the report
         return
     runs = ResultsStore(path).runs(protocol.name)
@@ -440,7 +443,7 @@ def _parse_options(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--option takes KEY=VALUE, got {pair!r}.")
+            raise ValueError(f"--option and --data-option take KEY=VALUE, got {pair!r}.")
         options[key.strip().replace("-", "_")] = _literal(value.strip())
     return options
 

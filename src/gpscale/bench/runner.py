@@ -47,15 +47,19 @@ CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] | None = None,
                  datasets: list[str] | None = None, splits: list[int] | None = None, data_dir: str | None = None,
                  resume: bool = False, device: str = "cpu", progress: bool = True,
-                 log: Callable[[str], None] = print, comm: Comm = LOCAL, options: dict | None = None) -> Path:
+                 log: Callable[[str], None] = print, comm: Comm = LOCAL, options: dict | None = None,
+                 data_options: dict | None = None) -> Path:
     """Run ``protocol`` (optionally a subset) and append every run to ``out_dir/results.sqlite``.
 
     Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
     Returns the path of the results file. Under data parallelism (``comm`` of W processes, all running this with
     the same arguments) each process trains on its block of the training rows, and rank 0 scores the test set,
     writes the results and logs; the GPyTorch peers, which run in one process, are recorded as errors.
-    ``options`` replace the protocol's method options (e.g. ``{"epochs": 2}``) in every run.
+    ``options`` replace the protocol's method options (e.g. ``{"epochs": 2}``) in every run, and ``data_options``
+    its :func:`~gpscale.data.load_dataset` options (e.g. ``{"x_scaling": "standard"}``) on every data set; the
+    latter are recorded in each run's options under ``"data"``.
     """
+    _check_data_options(data_options)
     if comm.rank == 0:  # rank 0 creates the results file; the others open it after (for --resume)
         store = ResultsStore(Path(out_dir) / "results.sqlite")
     comm.barrier()
@@ -75,13 +79,15 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
         for split in splits if splits is not None else (protocol.datasets[name] or protocol.splits):
             for seed in protocol.seeds:
                 ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
-                                  **protocol.dataset_options.get(name, {}))
+                                  **{**protocol.dataset_options.get(name, {}), **(data_options or {})})
                 trained: dict = {}  # trained models of this split and seed, for posterior-only variants
                 for spec in (_on_dataset(s, name, options) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:
                         continue
                     base = {"protocol": protocol.name, "protocol_version": protocol.version, "method": spec.name,
-                            "options": {"key": spec.key, **spec.options}, "dataset": name, "split": split,
+                            "options": {"key": spec.key, **spec.options, **({"data": data_options} if data_options
+                                                                           else {})},
+                            "dataset": name, "split": split,
                             "seed": seed}
                     if identity(base) in done:
                         log(f"done already: {spec.name} on {name} split {split} seed {seed}")
@@ -148,6 +154,15 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                                "recorded so far stay, and --resume skips them.") from err
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
+
+
+def _check_data_options(data_options: dict | None) -> None:
+    fixed = ("name", "split", "seed", "data_dir")  # the runner sets these itself
+    allowed = [k for k in inspect.signature(load_dataset).parameters if k not in fixed]
+    unknown = sorted(set(data_options or {}) - set(allowed))
+    if unknown:
+        raise ValueError(f"Unknown data option(s) {', '.join(map(repr, unknown))}: a data option is one of "
+                         f"{', '.join(allowed)} (gpscale.data.load_dataset's arguments).")
 
 
 def _on_dataset(spec: MethodSpec, dataset: str, options: dict | None = None) -> MethodSpec:

@@ -84,11 +84,9 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                 for spec in (_on_dataset(s, name, options) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:
                         continue
+                    recorded = {"key": spec.key, **spec.options, **({"data": data_options} if data_options else {})}
                     base = {"protocol": protocol.name, "protocol_version": protocol.version, "method": spec.name,
-                            "options": {"key": spec.key, **spec.options, **({"data": data_options} if data_options
-                                                                           else {})},
-                            "dataset": name, "split": split,
-                            "seed": seed}
+                            "options": recorded, "dataset": name, "split": split, "seed": seed}
                     if identity(base) in done:
                         log(f"done already: {spec.name} on {name} split {split} seed {seed}")
                         continue

@@ -155,9 +155,12 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
 
 
 def _check_data_options(data_options: dict | None) -> None:
-    fixed = ("name", "split", "seed", "data_dir")  # the runner sets these itself
+    given, fixed = set(data_options or {}), {"name", "split", "seed", "data_dir"}
+    if given & fixed:
+        raise ValueError(f"The runner sets {', '.join(map(repr, sorted(given & fixed)))} itself: choose the splits "
+                         "with --splits and the data folder with --data-dir; the seeds are the protocol's.")
     allowed = [k for k in inspect.signature(load_dataset).parameters if k not in fixed]
-    unknown = sorted(set(data_options or {}) - set(allowed))
+    unknown = sorted(given - set(allowed))
     if unknown:
         raise ValueError(f"Unknown data option(s) {', '.join(map(repr, unknown))}: a data option is one of "
                          f"{', '.join(allowed)} (gpscale.data.load_dataset's arguments).")

@@ -16,8 +16,8 @@ from gpscale import ExtrapolationWarning, GPRegressor
 from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _linear, get_model_class
-from gpscale.models.dbk import (DBK, SVDBK, DeepBasisKernel, mlp, prior_variance, residual_mlp, trace_penalty,
-                                variance_correction)
+from gpscale.models.dbk import (DBK, SVDBK, DeepBasisKernel, ResidualLayer, mlp, prior_variance, residual_mlp,
+                                trace_penalty, variance_correction)
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -569,7 +569,8 @@ def test_built_in_networks_are_wired_as_documented():
             block.linear.weight.zero_()
             block.linear.bias.zero_()
         torch.testing.assert_close(res(X), res[4](res[1](res[0](X))))
-    assert sum(p.numel() for p in residual_mlp(3, 16).parameters()) == sum(p.numel() for p in mlp(3, 16).parameters())
+    n_parameters = [sum(p.numel() for p in net.parameters()) for net in (residual_mlp(3, 16, depth=2), mlp(3, 16))]
+    assert n_parameters[0] == n_parameters[1]
     kernel = DeepBasisKernel(mlp(3, 16).double(), 16, scale_basis=True)
     torch.testing.assert_close(kernel.basis(X), kernel.network(X) / 4)
     torch.testing.assert_close(kernel(X, X), kernel.basis(X) @ kernel.basis(X).T)
@@ -580,9 +581,14 @@ def test_defaults_follow_the_paper():
     model = DBK(3)
     assert model.n_basis == 128 and model.correction and model.weight_decay == 1e-4
     assert model.noise.item() == pytest.approx(1e-2, rel=1e-6) and model.likelihood.noise_floor == 1e-6
-    hidden = [m for m in model.kernel.network.modules() if isinstance(m, nn.Linear)]
-    assert [(m.in_features, m.out_features) for m in hidden] == [(3, 128), (128, 128), (128, 128)]
-    assert any(isinstance(m, nn.Tanh) for m in model.kernel.network.modules())
+    # "2-layer ResNet": the input layer, then two residual layers, then the r outputs; "2-layer MLP": two layers
+    for network, n_residual, n_linear in (("resnet", 2, 4), ("mlp", 0, 3)):
+        modules = list(DBK(3, network=network).kernel.network.modules())
+        linear = [(m.in_features, m.out_features) for m in modules if isinstance(m, nn.Linear)]
+        assert linear == [(3, 128)] + [(128, 128)] * (n_linear - 1)
+        assert sum(isinstance(m, ResidualLayer) for m in modules) == n_residual
+        assert any(isinstance(m, nn.Tanh) for m in modules)
+    assert len(DBK(3, depth=2).kernel.network) == 4  # an explicit depth overrides the default
     assert get_model_class("dbk") is DBK and get_model_class("svdbk") is SVDBK
     assert DBK.full_batch and not SVDBK.full_batch
 

@@ -19,6 +19,9 @@ def data(n=120, d=3, seed=0):
 
 # the size option of each method, small enough for the few dozen fits of check_estimator
 SMALL = {"vff": {"n_frequencies": 8}, "hvgp": {"n_ways": 1}}
+# a network takes smaller Adam steps than a kernel's few hyperparameters (the DBK paper's: 1e-3); at 0.1 the
+# corrected DBK's three-layer ResNet fits the check's training data with R^2 0.25-0.36 over seeds (0.74-0.79 at 0.01)
+LEARNING_RATE = {"dbk": 0.01}
 
 
 @pytest.mark.parametrize("method", ["exact", "sgpr", "svgp", "dbk", "grief", "vff", "hvgp"])
@@ -26,8 +29,9 @@ def test_check_estimator(method):
     options = SMALL.get(method, {})
     # method options are keyword arguments beyond the signature, which this one check cannot see
     expected = {"check_no_attributes_set_in_init": "method options are **kwargs"} if options else None
-    check_estimator(GPRegressor(method=method, n_inducing=16, epochs=30, batch_size=64, lr=0.1, progress=False,
-                                **options), expected_failed_checks=expected)
+    check_estimator(GPRegressor(method=method, n_inducing=16, epochs=30, batch_size=64,
+                                lr=LEARNING_RATE.get(method, 0.1), progress=False, **options),
+                    expected_failed_checks=expected)
 
 
 @pytest.mark.parametrize("method", ["exact", "sgpr", "svgp"])

@@ -96,7 +96,8 @@ def residual_mlp(d: int, r: int, depth: int = 3, width: int = 128, activation: s
     """``Linear(d, w) -> act -> ResidualLayer x (depth - 1) -> Linear(w, r)``: the :func:`mlp` of the same depth
     with a skip connection around each hidden layer after the first. The paper's real-data backbone ("2-layer
     ResNet", width 128, tanh) is read as two residual layers, depth 3: read as one (depth 2), exact DBK-c on pol
-    and SVDBK on protein stay far from the paper's numbers, while depth 3 reaches them (docs/dbk.md)."""
+    and SVDBK on protein stay far from the paper's numbers; depth 3 reaches them on pol and comes closer on
+    protein (docs/dbk.md)."""
     act = ACTIVATIONS[activation]
     blocks = [ResidualLayer(width, activation) for _ in range(depth - 1)]
     return nn.Sequential(nn.Linear(d, width), act(), *blocks, nn.Linear(width, r))

@@ -70,7 +70,7 @@ DEFAULT_DEPTH = {"mlp": 2, "resnet": 3}  # hidden layers of the paper's "2-layer
 
 
 # --- backbones (spec §8.1; the paper gives no wiring, these are the spec's recommended reading) ------------------
-def mlp(d: int, r: int, depth: int = 2, width: int = 128, activation: str = "tanh") -> nn.Sequential:
+def mlp(d: int, r: int, depth: int = DEFAULT_DEPTH["mlp"], width: int = 128, activation: str = "tanh") -> nn.Sequential:
     """``Linear(d, w) -> act -> [Linear(w, w) -> act] x (depth - 1) -> Linear(w, r)``: ``depth`` hidden layers
     and a linear output with bias. The paper's synthetic-data backbone is depth 2, width 128, tanh."""
     act = ACTIVATIONS[activation]
@@ -92,7 +92,8 @@ class ResidualLayer(nn.Module):
         return h + self.act(self.linear(h))
 
 
-def residual_mlp(d: int, r: int, depth: int = 3, width: int = 128, activation: str = "tanh") -> nn.Sequential:
+def residual_mlp(d: int, r: int, depth: int = DEFAULT_DEPTH["resnet"], width: int = 128,
+                 activation: str = "tanh") -> nn.Sequential:
     """``Linear(d, w) -> act -> ResidualLayer x (depth - 1) -> Linear(w, r)``: the :func:`mlp` of the same depth
     with a skip connection around each hidden layer after the first. The paper's real-data backbone ("2-layer
     ResNet", width 128, tanh) is read as two residual layers, depth 3: read as one (depth 2), exact DBK-c on pol

@@ -249,9 +249,28 @@ def test_papers_rmse_in_units_of_y_gets_our_rmse_original_beside_it(tmp_path):
     assert table["sgpr"]["paper RMSE"] == "–"  # the paper gives no RMSE on standardised y
 
 
-def test_tables_without_published_original_units_have_no_extra_columns(report):
+def test_papers_training_seconds_get_a_column_beside_ours(runs):
+    """A published ``train_seconds`` (the Deep Basis Kernel paper's Table 1) adds the paper's training seconds as
+    one column after the paper's s/epoch; a row the paper does not give gets a dash."""
+    name = "test-report-seconds"
+    published = {("sgpr", "pol"): {"rmse": 0.2, "train_seconds": 88.8, "train_seconds_std": 0.4}}
+    register_protocol(Protocol(name=name, version=3, description="Total training seconds.",
+                               methods=(MethodSpec("sgpr"), MethodSpec("svgp")), datasets={"pol": None},
+                               published=published))
+    try:
+        table = markdown_table(summarise([dict(r, protocol=name) for r in runs]), "pol")
+    finally:
+        PROTOCOLS.pop(name)
+    header, _, *lines = table.splitlines()
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[-2:] == ["paper s/epoch", "paper train s"]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines}
+    assert cells["sgpr"][-1] == "88.8 ± 0.4" and cells["svgp"][-1] == "–"
+
+
+def test_tables_without_published_original_units_or_seconds_have_no_extra_columns(report):
     header = re.search(r"^### pol\n\n(\|.*)\n", report.read_text(encoding="utf-8"), flags=re.M).group(1)
-    assert "RMSE (y units)" not in header and header.count("|") == 13
+    assert "RMSE (y units)" not in header and "paper train s" not in header and header.count("|") == 13
 
 
 def test_mean_ranks_use_the_sets_where_every_method_ran_and_share_ties():

@@ -4,7 +4,9 @@ Means and standard deviations are over the successful runs of a (protocol, datas
 its splits and seeds; the standard deviation is the sample one (``ddof=1``), 0 for a single run. Speed is
 compared with the GPyTorch peer of the same method (``sgpr`` with ``gpytorch-sgpr``, ...) as the ratio of
 seconds per epoch measured in the same benchmark run. A paper that reports RMSE in the units of y (published
-``rmse_original``, e.g. GP-GRIEF's Table 1) gets two more columns: our ``rmse_original`` beside the paper's.
+``rmse_original``, e.g. GP-GRIEF's Table 1) gets two more columns: our ``rmse_original`` beside the paper's. A paper
+that reports total training seconds (published ``train_seconds``, e.g. the Deep Basis Kernel paper's Table 1) gets
+a column of them beside our ``train s``.
 """
 from __future__ import annotations
 
@@ -131,6 +133,7 @@ def _bold_if(text: str, condition: bool) -> str:
 
 TABLE_HEADER = ("method", "runs", "RMSE", "NLPD", "95% cov.", "train s", "s/epoch", "time vs GPyTorch", "peak MB",
                 "paper RMSE", "paper NLPD", "paper s/epoch")
+PAPER_TRAIN_SECONDS_HEADER = ("paper train s",)
 ORIGINAL_UNITS_HEADER = ("RMSE (y units)", "paper RMSE (y units)")
 CLASSIFICATION_HEADER = ("accuracy",)
 
@@ -138,16 +141,18 @@ CLASSIFICATION_HEADER = ("accuracy",)
 def markdown_table(summary_rows: list[dict], dataset: str) -> str:
     """A markdown table of the rows of one dataset (of one protocol): ``mean ± std`` of each metric, the lowest
     mean RMSE and NLPD in bold, the s/epoch ratio to the GPyTorch peer, and the paper's RMSE, NLPD and s/epoch
-    (``mean ± std`` where the paper gives a std). When the paper's RMSE of some row is in the units of y
+    (``mean ± std`` where the paper gives a std). When the paper gives total training seconds for some row
+    (published ``train_seconds``), a column of them follows. When its RMSE of some row is in the units of y
     (published ``rmse_original``), two columns follow: our ``rmse_original`` (lowest in bold) and the paper's. For
     classification runs a last column holds the test accuracy (the NLPD is then that of the labels)."""
     rows = [r for r in summary_rows if r["dataset"] == dataset]
+    paper_seconds = any("train_seconds" in r["published"] for r in rows)
     original = any("rmse_original" in r["published"] for r in rows)
     classification = any(r["accuracy_mean"] is not None for r in rows)
     scored = ("rmse", "nlpd", "rmse_original") if original else ("rmse", "nlpd")
     best = {metric: _best(rows, metric) for metric in scored}
-    header = TABLE_HEADER + (ORIGINAL_UNITS_HEADER if original else ()) + (CLASSIFICATION_HEADER if classification
-                                                                          else ())
+    header = (TABLE_HEADER + (PAPER_TRAIN_SECONDS_HEADER if paper_seconds else ())
+              + (ORIGINAL_UNITS_HEADER if original else ()) + (CLASSIFICATION_HEADER if classification else ()))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         accuracy = {m: _bold_if(_mean_pm_std(row, m), row[f"{m}_mean"] is not None and row[f"{m}_mean"] == best[m])
@@ -157,6 +162,8 @@ def markdown_table(summary_rows: list[dict], dataset: str) -> str:
                  _mean_pm_std(row, "seconds_per_epoch"), _ratio(time_ratio(summary_rows, row)),
                  _mean_pm_std(row, "peak_memory_mb"),
                  *(_published(row["published"], m) for m in ("rmse", "nlpd", "seconds_per_epoch"))]
+        if paper_seconds:
+            cells.append(_published(row["published"], "train_seconds"))
         if original:
             cells += [accuracy["rmse_original"], _published(row["published"], "rmse_original")]
         if classification:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, get_protocol
-from gpscale.bench.runner import TRAINING_OPTIONS, _training_identity
+from gpscale.bench.runner import AUTO, TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
@@ -37,7 +37,7 @@ def test_method_keys_are_models_or_peers(name):
     for spec in PROTOCOLS[name].methods:
         if spec.key.startswith("gpytorch-"):
             assert peers is None or spec.key in peers, (name, spec.key)
-        else:
+        elif spec.key != AUTO:
             assert spec.key in ours, (name, spec.key)
 
 
@@ -53,6 +53,10 @@ def test_model_options_are_accepted(name):
         if spec.key.startswith("gpytorch-"):  # the peers train for a fixed budget: no validation options
             assert set(spec.options) <= {"epochs", "batch_size", "lr", "n_inducing", "kernel"}, (name, spec.name)
             continue
+        if spec.key == AUTO:  # GPRegressor(method="auto", **options): its parameters or any method's options
+            from gpscale import GPRegressor
+            GPRegressor().set_params(**spec.options)
+            continue
         for overrides in [{}, *spec.dataset_overrides.values()]:  # as the runner merges them per dataset
             options = {k: v for k, v in {**spec.options, **overrides}.items() if k not in TRAINING_OPTIONS}
             if "n_inducing" in options:
@@ -60,6 +64,24 @@ def test_model_options_are_accepted(name):
             d = 784 if options.get("group") in ("image_roll", "image_flip", "pixel_negation") else 3  # 28 x 28 images
             model = get_model_class(spec.key)(d, **options)
             assert model.n_features == d
+
+
+# the protocols that measure the library's own defaults
+LIBRARY_DEFAULTS = ("defaults", "method-defaults")
+
+
+@pytest.mark.parametrize("name", [name for name in ALL if name not in LIBRARY_DEFAULTS])
+def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move_them(name):
+    """Every trainable entry fixes its epochs (on every data set), and SoftKI its calibration: the library trains
+    to convergence and calibrates SoftKI's noise by default, the papers do neither."""
+    for spec in PROTOCOLS[name].methods:
+        if spec.key != AUTO and not spec.key.startswith("gpytorch-") and not get_model_class(spec.key).trainable:
+            continue
+        for dataset in PROTOCOLS[name].datasets:  # as the runner merges the options per data set
+            options = {**spec.options, **spec.dataset_overrides.get(dataset, {})}
+            assert "epochs" in options, (name, spec.name, dataset)
+            if spec.key == "softki":
+                assert "calibrate_noise" in options, (name, spec.name)
 
 
 @pytest.mark.parametrize("name", ALL)

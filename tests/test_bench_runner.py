@@ -115,7 +115,7 @@ def test_store_brings_a_schema_1_file_up_to_date_and_keeps_its_runs(tmp_path):
 
 
 def test_a_posterior_only_variant_reuses_the_trained_model(tmp_path):
-    softki = dict(n_inducing=16, epochs=2, batch_size=64, lr=0.01)
+    softki = dict(n_inducing=16, epochs=2, batch_size=64, lr=0.01, calibrate_noise=None)
     protocol = replace(TINY, methods=(MethodSpec("softki", softki),
                                       MethodSpec("softki", {**softki, "calibrate_noise": "variance"}, label="cal"),
                                       MethodSpec("softki", {**softki, "lr": 0.02}, label="other-lr")),
@@ -163,6 +163,13 @@ def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     # resuming recognises the merged options as the same runs
     run_protocol(protocol, out_dir=tmp_path, progress=False, resume=True, log=lines.append)
     assert len(ResultsStore(tmp_path / "results.sqlite").runs()) == 3 and lines[-1].startswith("done already")
+
+
+def test_an_auto_entry_runs_the_estimator_with_its_defaults_and_records_what_it_chose(tmp_path):
+    protocol = replace(TINY, methods=(MethodSpec("auto", {}, label="default"),), datasets={"friedman1": (0,)})
+    (run,) = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lambda _: None)).runs()
+    assert run["status"] == "ok" and run["fitted_method"] == "exact" and run["converged"] == 1
+    assert run["steps"] == run["epochs"] > 0 and run["coverage"] > 0.8  # one record per L-BFGS iteration
 
 
 def test_the_warm_up_is_one_epoch_and_a_short_chain(monkeypatch):

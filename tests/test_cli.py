@@ -54,7 +54,7 @@ def test_fit_classify_then_predict_writes_labels_and_probabilities(tmp_path, tra
     rows = list(csv.DictReader(open(out)))
     from gpscale import GPClassifier, load
     clf = load(model)
-    assert isinstance(clf, GPClassifier) and clf.method == "svgp" and list(rows[0]) == ["label", "p_0.0", "p_1.0"]
+    assert isinstance(clf, GPClassifier) and clf.method_ == "svgp" and list(rows[0]) == ["label", "p_0.0", "p_1.0"]
     np.testing.assert_allclose([[float(r["p_0.0"]), float(r["p_1.0"])] for r in rows], clf.predict_proba(X),
                                rtol=1e-12)
     assert [float(r["label"]) for r in rows] == clf.predict(X).tolist()
@@ -66,6 +66,8 @@ def test_fit_classify_then_predict_writes_labels_and_probabilities(tmp_path, tra
     (["fit", "{train}", "--target", "target", "-o", "{tmp}/m.gps", "--option", "bogus=1"], "no option 'bogus'"),
     (["fit", "{train}", "--target", "target", "-o", "{tmp}/m.gps", "--option", "novalue"], "KEY=VALUE"),
     (["predict", "{train}", "{train}", "-o", "{tmp}/o.csv"], "not a gpscale model file"),
+    (["fit", "{train}", "--target", "target", "-o", "{tmp}/m.gps", "--option", "ard=maybe"],
+     "--option ard=maybe: ard is true or false"),
 ])
 def test_errors_are_one_line_with_nonzero_exit(tmp_path, train_csv, capsys, args, message):
     path, _, _ = train_csv
@@ -73,6 +75,19 @@ def test_errors_are_one_line_with_nonzero_exit(tmp_path, train_csv, capsys, args
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("gpscale: error:") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("text, value", [("no", False), ("False", False), ("0", False), ("off", False),
+                                         ("yes", True), ("true", True), ("1", True), ("ON", True)])
+def test_boolean_options_parse_strictly(tmp_path, train_csv, text, value):
+    from gpscale import load
+
+    path, _, _ = train_csv
+    model = tmp_path / "m.gps"
+    assert main(["fit", str(path), "--target", "target", "--method", "exact", "--epochs", "2", "-o", str(model),
+                 "--quiet", "--option", f"ard={text}"]) == 0
+    reg = load(model)
+    assert reg.ard is value and reg.model_.kernel.ard is value
 
 
 def test_non_numeric_cell_is_located(tmp_path):

@@ -149,3 +149,174 @@ def test_corrupt_truncated_and_foreign_files_give_clear_errors(tmp_path):
 def test_save_before_fit_is_an_error(tmp_path):
     with pytest.raises(NotFittedError):
         GPRegressor().save(tmp_path / "x.gps")
+
+
+# --- the scikit-learn surface -----------------------------------------------------------------------------------
+def test_check_estimator_with_every_default():
+    check_estimator(GPRegressor(progress=False))  # method "auto": the exact GP on these sizes, L-BFGS to convergence
+
+
+def test_fit_copies_a_kernel_object_and_the_trained_copy_is_kernel_():
+    from gpscale.kernels import Matern
+
+    X, y = data()
+    kernel = Matern(3, nu=1.5)
+    before = {k: v.clone() for k, v in kernel.state_dict().items()}
+    reg = GPRegressor(method="exact", kernel=kernel, progress=False).fit(X, y)
+    for name, value in kernel.state_dict().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert reg.kernel is kernel and reg.kernel_ is not kernel and isinstance(reg.kernel_, Matern)
+    assert not torch.equal(reg.kernel_.raw_lengthscale, kernel.raw_lengthscale)  # the copy trained
+    shown = repr(reg.kernel_)
+    assert shown.startswith("Matern(nu=1.5, lengthscale=[") and "outputscale=" in shown
+    assert f"{reg.kernel_.outputscale.item():.4g}" in shown
+
+
+def test_every_method_option_is_a_parameter_for_set_params_clone_and_grid_search():
+    from sklearn.model_selection import GridSearchCV
+
+    reg = GPRegressor(method="sgpr", epochs=20, n_inducing=10, progress=False)
+    reg.set_params(solver="qr", ard=False)  # options given to no constructor
+    assert reg.get_params()["solver"] == "qr" and clone(reg).ard is False
+    with pytest.raises(ValueError, match="Invalid parameter.*'solvr'"):
+        reg.set_params(solvr="qr")
+    X, y = data(90)
+    grid = GridSearchCV(GPRegressor(epochs=10, n_inducing=10, progress=False),
+                        [{"method": ["exact", "sgpr"]}, {"method": ["sgpr"], "solver": ["qr", "cholesky"]}], cv=2)
+    grid.fit(X, y)
+    assert len(grid.cv_results_["params"]) == 4 and np.isfinite(grid.cv_results_["mean_test_score"]).all()
+    options = GridSearchCV(GPRegressor(method="exact", progress=False), {"ard": [True, False]}, cv=2).fit(X, y)
+    assert options.best_estimator_.model_.kernel.ard == options.best_params_["ard"]
+
+
+def test_an_option_the_chosen_method_does_not_take_is_an_error_at_fit():
+    X, y = data(40)
+    with pytest.raises(ValueError, match="Method 'exact' has no option 'solver'"):
+        GPRegressor(method="exact", solver="qr", progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="method='auto' chose 'exact' .* which has no option 'solver'"):
+        GPRegressor(solver="qr", progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="ard must be True or False for method 'exact', got 'maybe'"):
+        GPRegressor(method="exact", ard="maybe", progress=False).fit(X, y)
+
+
+def test_a_failed_refit_leaves_the_fitted_model_as_it_was():
+    X, y = data()
+    reg = GPRegressor(method="exact", progress=False).fit(X, y)
+    before = reg.predict(X[:5], return_std=True)
+    reg.set_params(method="magic")
+    with pytest.raises(ValueError, match="Unknown method 'magic'"):
+        reg.fit(X * 100, y * 50 + 3)
+    reg.set_params(method="exact")
+    np.testing.assert_array_equal(reg.predict(X[:5], return_std=True), before)
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.float32, np.float32, np.dtype("float32")])
+def test_dtype_takes_names_and_torch_and_numpy_dtypes(dtype):
+    X, y = data(50)
+    reg = GPRegressor(method="svgp", dtype=dtype, epochs=2, n_inducing=5, progress=False).fit(X, y)
+    assert reg.model_.q_mu.dtype == torch.float32 and reg.dtype is dtype
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(dtype="float16"), "dtype must be 'float64' or 'float32'"),
+    (dict(dtype=torch.int64), "dtype must be"),
+    (dict(device="gpu"), "device='gpu' is not a device name"),
+    (dict(device="tpu"), "not a device name|gpscale runs on"),
+])
+def test_bad_dtype_and_device_are_refused_before_any_work(options, message):
+    X, y = data(30)
+    with pytest.raises(ValueError, match=message):
+        GPRegressor(**options).fit(X, y)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_without_cuda_says_so_in_gpscales_words():
+    with pytest.raises(ValueError, match="device='cuda', but this machine has no CUDA device"):
+        GPRegressor(device="cuda").fit(*data(30))
+
+
+# --- the joint predictive ---------------------------------------------------------------------------------------
+def test_return_cov_equals_the_dense_formula_for_the_exact_gp():
+    X, y = data(80)
+    Xs = data(12, seed=3)[0]
+    reg = GPRegressor(method="exact", progress=False).fit(X, y)
+    model = reg.model_
+    scale = lambda A: torch.tensor((A - reg.x_mean_) / reg.x_std_)  # noqa: E731
+    with torch.no_grad():
+        Kff, Kfs, Kss = (model.kernel(a, b) for a, b in ((scale(X), scale(X)), (scale(X), scale(Xs)),
+                                                          (scale(Xs), scale(Xs))))
+        noise = model.likelihood.noise
+        Ky = Kff + noise * torch.eye(len(X), dtype=Kff.dtype)
+        cov_f = Kss - Kfs.T @ torch.linalg.solve(Ky, Kfs)
+        mean = Kfs.T @ torch.linalg.solve(Ky, torch.tensor((y - reg.y_mean_) / reg.y_std_))
+    mean_y, cov_y = reg.predict(Xs, return_cov=True)
+    np.testing.assert_allclose(mean_y, mean.numpy() * reg.y_std_ + reg.y_mean_, rtol=1e-8)
+    np.testing.assert_allclose(cov_y, (cov_f + noise * torch.eye(12, dtype=Kff.dtype)).numpy() * reg.y_std_**2,
+                               rtol=1e-6, atol=1e-10)
+    _, cov_latent = reg.predict(Xs, return_cov=True, latent=True)
+    np.testing.assert_allclose(cov_latent, cov_f.numpy() * reg.y_std_**2, rtol=1e-6, atol=1e-10)
+    _, std = reg.predict(Xs, return_std=True)
+    _, std_latent = reg.predict(Xs, return_std=True, latent=True)
+    np.testing.assert_allclose(std**2, np.diag(cov_y), rtol=1e-8)
+    np.testing.assert_allclose(std_latent**2 + noise.item() * reg.y_std_**2, std**2, rtol=1e-8)
+
+
+def test_return_cov_has_a_size_guard_and_does_not_combine_with_return_std(monkeypatch):
+    X, y = data(40)
+    reg = GPRegressor(method="exact", progress=False).fit(X, y)
+    monkeypatch.setattr(gpscale.estimator, "COV_MAX_ROWS", 10)
+    with pytest.raises(ValueError, match="X has 11 rows: a joint covariance of more than 10 rows"):
+        reg.predict(X[:11], return_cov=True)
+    with pytest.raises(ValueError, match="return_std or return_cov, not both"):
+        reg.predict(X[:3], return_std=True, return_cov=True)
+
+
+@pytest.mark.parametrize("latent", [False, True])
+def test_sample_y_draws_from_the_joint_predictive(latent):
+    X, y = data(60)
+    Xs = data(4, seed=5)[0]
+    reg = GPRegressor(method="sgpr", n_inducing=20, progress=False).fit(X, y)
+    mean, cov = reg.predict(Xs, return_cov=True, latent=latent)
+    draws = reg.sample_y(Xs, n_samples=20_000, random_state=1, latent=latent)
+    assert draws.shape == (4, 20_000)
+    stderr = np.sqrt(np.diag(cov) / 20_000)
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * stderr)
+    np.testing.assert_allclose(np.cov(draws), cov, rtol=0.05, atol=0.05 * np.abs(cov).max())
+    np.testing.assert_array_equal(draws, reg.sample_y(Xs, n_samples=20_000, random_state=1, latent=latent))
+    assert not np.array_equal(draws, reg.sample_y(Xs, n_samples=20_000, random_state=2, latent=latent))
+
+
+# --- saving models with kernel objects --------------------------------------------------------------------------
+def test_a_gpscale_kernel_object_saves_as_its_constructor_and_loads_identically(tmp_path):
+    from gpscale.kernels import RBF, Periodic, Sum
+
+    X, y = data()
+    reg = GPRegressor(method="exact", kernel=Sum(RBF(3, ard=False), Periodic(3)), progress=False).fit(X, y)
+    reg.save(tmp_path / "m.gps")
+    loaded = gpscale.load(tmp_path / "m.gps")
+    np.testing.assert_array_equal(loaded.predict(X, return_std=True), reg.predict(X, return_std=True))
+    assert isinstance(loaded.kernel, Sum) and isinstance(loaded.kernel_.second, Periodic)
+
+
+def test_a_gpytorch_kernel_saves_by_its_registered_constructor_or_is_refused_with_how(tmp_path):
+    gpytorch = pytest.importorskip("gpytorch")
+    from gpscale.kernels import GPyTorchKernel, register_kernel
+    from gpscale.kernels.specs import _REGISTERED
+
+    def build(n_features):
+        return GPyTorchKernel(gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5)))
+
+    X, y = data(60)
+    as_object = GPRegressor(method="exact", kernel=build(3), progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="register_kernel"):
+        as_object.save(tmp_path / "refused.gps")
+    assert not (tmp_path / "refused.gps").exists()
+    register_kernel("test-gpytorch-matern")(build)
+    try:
+        reg = GPRegressor(method="exact", kernel="test-gpytorch-matern", progress=False).fit(X, y)
+        reg.save(tmp_path / "m.gps")
+        np.testing.assert_array_equal(gpscale.load(tmp_path / "m.gps").predict(X), reg.predict(X))
+    finally:
+        del _REGISTERED["test-gpytorch-matern"]
+    with pytest.raises(ModelFileError, match="Unknown kernel 'test-gpytorch-matern'.*register_kernel"):
+        gpscale.load(tmp_path / "m.gps")

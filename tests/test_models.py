@@ -264,3 +264,34 @@ def test_sgpr_auto_solver_uses_qr_in_float32_and_stays_close_to_float64():
     error_qr = abs(bound32.item() - exact64) / abs(exact64)
     error_gram = abs(gram32.elbo(X.float(), y.float()).item() - exact64) / abs(exact64)
     assert error_qr < 1e-4 and error_qr < error_gram  # float32 rounding of K_uf stays, the Gram's squaring goes
+
+
+# every method's joint predictive agrees with its marginals; sizes small enough for a few quick steps
+JOINT_OPTIONS = {"exact": {}, "sgpr": {"n_inducing": 10}, "svgp": {"n_inducing": 10}, "softki": {"n_inducing": 10},
+                 "grief": {"n_eigen": 20, "grid_size": 6}, "grief-i": {"n_eigen": 20, "grid_size": 6},
+                 "dbk": {"n_basis": 8, "width": 16}, "svdbk": {"n_basis": 8, "width": 16},
+                 "hvgp": {"n_inducing": 5, "n_ways": 1}, "vff": {"n_frequencies": 6},
+                 "vff-svgp": {"n_frequencies": 6}, "odvgp": {"n_inducing": 8, "n_mean_inducing": 16},
+                 "odvff": {"n_frequencies": 4, "n_mean_inducing": 16}}
+
+
+@pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged")  # a chain of 60 steps, on purpose
+@pytest.mark.parametrize("key", sorted(JOINT_OPTIONS))
+def test_the_joint_predictive_has_the_marginal_moments_on_its_diagonal_and_is_symmetric_psd(key):
+    from gpscale.models import available_methods
+    from gpscale.train import fit
+
+    assert set(JOINT_OPTIONS) == set(available_methods())  # a new method joins this contract
+    X, y = toy_regression(n=80, d=2)
+    cls = get_model_class(key)
+    model = cls(2, **JOINT_OPTIONS[key], **cls.warm_up_options).double()
+    fit(model, X, y, epochs=3, batch_size=40, lr=0.01, progress=False)
+    Xs = toy_regression(n=7, d=2, seed=4)[0]
+    mean, var = model.predict(Xs)
+    joint_mean, cov = model.predict_cov(Xs)
+    torch.testing.assert_close(joint_mean, mean, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(cov.diagonal(), var, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(cov, cov.T, rtol=1e-10, atol=1e-12)
+    assert torch.linalg.eigvalsh(cov).min() > -1e-8 * var.max()
+    off_diagonal = cov - torch.diag(cov.diagonal())
+    assert off_diagonal.abs().max() > 1e-6 * var.max()  # rows are correlated: not the marginals on a diagonal

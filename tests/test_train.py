@@ -9,7 +9,8 @@ from gpscale import lbfgs
 from gpscale.linalg import NotPSDError
 from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
-from gpscale.train import TrainingError, _LinesPerMinute, fit, progress_bar
+from gpscale.defaults import Convergence
+from gpscale.train import TrainingError, _LinesPerMinute, _Plateau, fit, progress_bar
 
 
 def sgpr(d=2, m=10, **kw):
@@ -247,3 +248,51 @@ def test_progress_in_a_log_file_is_plain_lines_at_most_once_a_minute(capsys):
     for text in ("\rsvgp: 1/3", "\rsvgp: 2/3", "\r   \r"):
         every_redraw.write(text)
     assert capsys.readouterr().err == "svgp: 1/3\nsvgp: 2/3\n"
+
+
+# --- training to convergence (epochs=None) ---------------------------------------------------------------------
+def test_plateau_rule_waits_cuts_the_learning_rate_then_stops():
+    plateau = _Plateau(Convergence(tol=0.01, patience=2, lr_cuts=1), patience=None)
+    verdicts = [plateau.update(v) for v in (5.0, 4.0, 3.995, 3.99, 3.0, 2.999, 2.998, 2.997)]
+    # 3.995 and 3.99 are within 1% of the best: a wait, then the cut; 3.0 improves; the next plateau, after the
+    # one cut allowed, stops
+    assert verdicts == ["improved", "improved", "wait", "cut", "improved", "wait", "stop", "stop"]
+
+
+def test_lbfgs_to_convergence_stops_before_the_cap_and_says_so():
+    X, y = toy_regression(n=120)
+    result = fit(sgpr(learn_inducing=False), X, y, progress=False)  # full batch: L-BFGS by default
+    assert result.settings.optimizer == "lbfgs" and result.settings.epochs is None
+    assert result.converged and result.steps < result.settings.max_steps
+    capped = fit(sgpr(learn_inducing=False), X, y, max_steps=3, progress=False)
+    assert capped.converged is False and capped.steps == 3
+
+
+def test_adam_to_convergence_steps_the_learning_rate_down_and_stops_on_the_plateau():
+    X, y = toy_regression(n=200)
+    rule = Convergence(minibatch_tol=1e-3, patience=2, lr_cuts=2, minibatch_window=20)
+    result = fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=50, lr=0.05, progress=False, convergence=rule)
+    assert result.settings.optimizer == "adam" and result.converged
+    rates = sorted({h["lr"] for h in result.history}, reverse=True)
+    assert rates == pytest.approx([0.05, 0.005, 0.0005])  # two cuts of lr_factor 0.1, then the stop
+    assert result.steps % 4 == 0 and result.steps < result.settings.max_steps  # whole epochs of 4 batches
+    capped = fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=50, lr=0.05, max_steps=12, progress=False,
+                 convergence=rule)
+    assert capped.converged is False and capped.steps == 12
+
+
+def test_adam_to_convergence_can_watch_the_validation_nlpd_and_keeps_the_best():
+    X, y = toy_regression(n=200)
+    rule = Convergence(patience=1, lr_cuts=0, minibatch_window=8)
+    result = fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=40, lr=0.05, val_fraction=0.2,
+                 progress=False, convergence=rule)
+    checked = [h for h in result.history if "val_nlpd" in h]
+    assert checked and all((h["epoch"] + 1) % 2 == 0 for h in checked)  # 160 rows: windows of 2 epochs
+    best = min(checked, key=lambda h: h["val_nlpd"])
+    assert result.converged and result.best_epoch == best["epoch"]
+
+
+def test_a_schedule_needs_a_fixed_number_of_epochs():
+    X, y = toy_regression(n=20)
+    with pytest.raises(ValueError, match="schedule='cosine' anneals over a fixed number of epochs"):
+        fit(SVGP(2, n_inducing=4).double(), X, y, schedule="cosine", progress=False)

@@ -43,17 +43,23 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="train a model on a CSV file and save it")
     p.add_argument("data", type=Path, help="CSV file with a header row; every column but the target is a feature")
     p.add_argument("--target", required=True, help="name of the target column")
-    p.add_argument("--method", default=None, help="exact, sgpr, svgp, ... (default: sgpr; svgp with --classify)")
+    p.add_argument("--method", default="auto",
+                   help="auto (default: chosen by the data's size, see docs/choosing.md), exact, sgpr, svgp, ...")
     p.add_argument("--classify", action="store_true",
                    help="the target holds class labels: a GPClassifier (probit for two classes, robust-max for "
                         "more) with a variational method")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write (e.g. model.gps)")
-    p.add_argument("--n-inducing", type=int, default=512)
-    p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--lr", type=float, default=None, help="default: 0.1 for full-batch methods, else 0.01")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "lbfgs"],
-                   help="lbfgs: L-BFGS-B for at most --epochs iterations (full-batch methods)")
+    # every default below is the estimator's (None: the method's, from gpscale.defaults), so the command line and
+    # the Python API fit the same model
+    p.add_argument("--n-inducing", type=int, default=None, help="default: the method's")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the data with Adam (default: train until the objective has converged)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="the cap of training to convergence, in optimiser steps (default: the method's)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: the method's (1024)")
+    p.add_argument("--lr", type=float, default=None, help="Adam's learning rate (default: the method's)")
+    p.add_argument("--optimizer", default=None, choices=["adam", "lbfgs"],
+                   help="default: lbfgs for full-batch methods trained to convergence, else adam")
     p.add_argument("--kernel", default=None, help="default: the method's (rbf; matern32 for vff)")
     p.add_argument("--val-fraction", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
@@ -220,9 +226,8 @@ def _fit(args) -> None:
 
     from .distributed import LOCAL, TorchComm, process_device
     from .estimator import GPClassifier, GPRegressor
-    from .models import get_model_class
 
-    method = args.method or ("svgp" if args.classify else "sgpr")
+    options = _parse_options(args.option, typed=True)
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
@@ -232,12 +237,12 @@ def _fit(args) -> None:
     target = names.index(args.target)
     features = [n for i, n in enumerate(names) if i != target]
     X, y = np.delete(table, target, axis=1), table[:, target]
-    lr = args.lr if args.lr is not None else (0.1 if get_model_class(method).full_batch else 0.01)
-    common = dict(method=method, n_inducing=args.n_inducing, epochs=args.epochs, batch_size=args.batch_size, lr=lr,
-                  kernel=args.kernel, val_fraction=args.val_fraction, seed=args.seed, dtype=args.dtype,
-                  device=device, progress=not args.quiet, distributed=args.distributed, **_parse_options(args.option))
+    common = dict(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs, max_steps=args.max_steps,
+                  batch_size=args.batch_size, lr=args.lr, kernel=args.kernel, val_fraction=args.val_fraction,
+                  seed=args.seed, dtype=args.dtype, device=device, progress=not args.quiet,
+                  distributed=args.distributed, **options)
     if args.classify:
-        if args.optimizer != "adam":
+        if args.optimizer not in (None, "adam"):
             raise ValueError("--classify trains with Adam on minibatches; drop --optimizer.")
         reg = GPClassifier(**common)
     else:
@@ -246,7 +251,7 @@ def _fit(args) -> None:
     reg.save(args.output, metadata={"feature_names": features, "target": args.target})
     if comm.rank == 0:
         where = f" ({comm.world_size} processes)" if comm.world_size > 1 else ""
-        print(f"fitted {method} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
+        print(f"fitted {reg.method_} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
               f"features in {reg.training_seconds_:.1f} s{where}; saved {args.output}")
     else:
         comm.all_reduce_sum(torch.tensor(len(y)))  # every rank joins the collective
@@ -300,7 +305,8 @@ def _bench(args) -> None:
     tic = time.perf_counter()
     path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
                         data_dir=args.data_dir, resume=args.resume, device=device, comm=comm,
-                        options=_parse_options(args.option), data_options=_parse_options(args.data_option))
+                        options=_parse_options(args.option, typed=True),
+                        data_options=_parse_options(args.data_option))
     if comm.rank != 0:  # rank 0 writes the report
         return
     runs = ResultsStore(path).runs(protocol.name)
@@ -432,20 +438,36 @@ def _read_csv(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[list[str], n
 def _step_time(args) -> int:
     from .bench.step_time import step_seconds
 
-    options = _parse_options(args.option)
+    options = _parse_options(args.option, typed=True)
     seconds = step_seconds(args.method, args.d, options, args.batch_size, steps=args.steps)
     print(f"{args.method} d={args.d} {options} batch {args.batch_size}: {seconds:.3f} CPU s per step")
     return 0
 
 
-def _parse_options(pairs: list[str]) -> dict:
+def _parse_options(pairs: list[str], typed: bool = False) -> dict:
+    """``KEY=VALUE`` pairs as a dict of Python values. With ``typed``, the value of an option that some method
+    declares boolean must read as one (true/false, yes/no, on/off, 1/0): ``ard=maybe`` is an error, not a string
+    that counts as true."""
+    from .estimator import boolean_options
+
+    booleans = boolean_options() if typed else set()
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--option and --data-option take KEY=VALUE, got {pair!r}.")
-        options[key.strip().replace("-", "_")] = _literal(value.strip())
+        key = key.strip().replace("-", "_")
+        options[key] = _boolean(key, value.strip()) if key in booleans else _literal(value.strip())
     return options
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _boolean(key: str, text: str) -> bool:
+    if text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    raise ValueError(f"--option {key}={text}: {key} is true or false ({'/'.join(_TRUE)} or {'/'.join(_FALSE)}).")
 
 
 def _literal(text: str):

@@ -1,8 +1,12 @@
 """GPRegressor and GPClassifier: the gpscale methods behind the scikit-learn estimator contract."""
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
+import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -12,27 +16,58 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
+from .defaults import Choice, choose_method
 from .distributed import LOCAL, Comm, TorchComm
 from .io import ModelFileError, read_model_file, write_model_file
-from .models import get_model_class
+from .kernels import Kernel, kernel_from_spec, kernel_spec
+from .linalg import cholesky
+from .models import available_methods, get_model_class
 from .models.base import GPModel
 from .train import fit
 
-__all__ = ["GPRegressor", "GPClassifier", "load"]
+__all__ = ["GPRegressor", "GPClassifier", "load", "COV_MAX_ROWS", "resolve_dtype", "check_device",
+           "boolean_options"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
+# return_cov and sample_y form an n* x n* matrix: 10,000 rows are 800 MB in float64
+COV_MAX_ROWS = 10_000
+
+
+def _all_or_nothing(fit_method):
+    """A ``fit`` that fails or is interrupted (an error, Ctrl-C) leaves the estimator's attributes as they were:
+    a model fitted earlier keeps its own scaling and classes."""
+
+    @functools.wraps(fit_method)
+    def wrapper(self, *args, **kwargs):
+        before = dict(vars(self))
+        try:
+            return fit_method(self, *args, **kwargs)
+        except BaseException:
+            vars(self).clear()
+            vars(self).update(before)
+            raise
+
+    return wrapper
 
 
 class _GPEstimator(BaseEstimator):
     """What the regressor and the classifier share: the method options as parameters, standardised X, training,
     the latent predictive, and saving and loading. Subclasses define ``fit`` and what their model file adds, and
-    list every parameter in their own ``__init__`` (scikit-learn reads them from its signature)."""
+    list every parameter in their own ``__init__`` (scikit-learn reads them from its signature).
 
-    def __init__(self, method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
-                 progress, distributed, method_options: dict):
+    Every option of every registered method is a parameter too: those given to the constructor or to
+    :meth:`set_params` are listed by :meth:`get_params`, so ``clone`` and ``GridSearchCV`` reach them, and ``fit``
+    refuses one that the method it trains does not take.
+    """
+
+    _task = ""  # "regression" or "classification", for method="auto"
+
+    def __init__(self, method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
+                 device, progress, distributed, method_options: dict):
         self.method = method
         self.n_inducing = n_inducing
         self.epochs = epochs
+        self.max_steps = max_steps
         self.batch_size = batch_size
         self.lr = lr
         self.kernel = kernel
@@ -51,50 +86,153 @@ class _GPEstimator(BaseEstimator):
         params.update({name: getattr(self, name) for name in self._method_options})
         return params
 
+    def set_params(self, **params):
+        """Set parameters, including any option of any registered method (e.g. ``ard``, ``solver``,
+        ``calibrate_noise``): it becomes a method option, passed to the method at ``fit``."""
+        own = set(self._get_param_names())
+        options = {k: v for k, v in params.items() if k not in own}
+        unknown = sorted(set(options) - set(self._method_options) - _all_method_options())
+        if unknown:
+            raise ValueError(f"Invalid parameter(s) {', '.join(map(repr, unknown))} for {type(self).__name__}: "
+                             f"neither a parameter ({', '.join(sorted(own))}) nor an option of any method "
+                             f"({', '.join(available_methods())}).")
+        super().set_params(**{k: v for k, v in params.items() if k in own})
+        for name, value in options.items():
+            setattr(self, name, value)
+        self._method_options = tuple(sorted(set(self._method_options) | set(options)))
+        return self
+
     # --- fitting -----------------------------------------------------------------------------------------
     def _comm(self) -> Comm:
         return TorchComm.from_env(self.device) if self.distributed else LOCAL
 
-    def _train(self, X: np.ndarray, targets: np.ndarray, comm: Comm, common: dict, **training) -> None:
-        """Standardise X with its global statistics, build the method with ``common`` options (those it accepts)
-        and the method options, and train it on (X, targets)."""
-        n, x_mean, x_std = _global_moments(X, comm)
-        self.x_mean_, self.x_std_ = x_mean, _safe_std(x_std)
-        self.rank_ = comm.rank
-        cls = get_model_class(self.method)
-        options = self._model_options(cls, n, common)
-        model = cls(X.shape[1], **options).to(dtype=self._torch_dtype(), device=torch.device(self.device))
-        tic = time.perf_counter()
-        self.fit_result_ = fit(model, self._to_tensor(self._scale_x(X)), self._to_tensor(targets),
-                               epochs=self.epochs, batch_size=self.batch_size, lr=self.lr,
-                               val_fraction=self.val_fraction, seed=self.seed, progress=self.progress, comm=comm,
-                               **training)
-        self.training_seconds_ = time.perf_counter() - tic
-        self.model_options_ = options
-        self.model_ = model
+    def _check_settings(self) -> tuple[torch.dtype, torch.device]:
+        """What ``fit`` checks before touching the data: the method, the dtype and the device."""
+        if self.method != "auto":
+            get_model_class(self.method)  # an unknown method says which exist
+        return resolve_dtype(self.dtype), check_device(self.device)
 
-    def _model_options(self, cls: type[GPModel], n: int, common: dict) -> dict:
-        """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked)."""
+    def _train(self, X: np.ndarray, targets: np.ndarray, comm: Comm, common: dict, fitted: dict,
+               **training) -> None:
+        """Standardise X with its global statistics, choose the method (``method="auto"``), build it with
+        ``common`` options (those it accepts) and the method options, and train it on (X, targets). The fitted
+        attributes, ``fitted`` among them, are set together at the end: a fit that fails or is interrupted leaves
+        the estimator as it was."""
+        dtype, device = self._check_settings()
+        n, x_mean, x_std = _global_moments(X, comm)
+        x_std = _safe_std(x_std)
+        if self.method == "auto":
+            choice = choose_method(n, X.shape[1], self._task)
+        else:
+            choice = Choice(self.method, "given as method=")
+        cls = get_model_class(choice.method)
+        options = self._model_options(cls, n, common, choice)
+        model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
+        tic = time.perf_counter()
+        max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
+        result = fit(model, torch.tensor((X - x_mean) / x_std, dtype=dtype, device=device),
+                     torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
+                     batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction, seed=self.seed,
+                     progress=self.progress, comm=comm, **training)
+        seconds = time.perf_counter() - tic
+        settings = result.settings
+        training = {"trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
+                    "max_steps": settings.max_steps, "steps": result.steps, "converged": result.converged,
+                    "final_objective": result.final_loss, "seconds": seconds}
+        for name, value in {**fitted, "x_mean_": x_mean, "x_std_": x_std, "rank_": comm.rank,
+                            "method_": choice.method, "method_reason_": choice.reason, "fit_result_": result,
+                            "training_": training, "training_seconds_": seconds, "model_options_": options,
+                            "model_": model}.items():
+            setattr(self, name, value)
+
+    def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
+        """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
+        capped at the number of rows. Objects (a kernel) are copied, so that fit never changes what it was given."""
         accepted = _option_names(cls)
-        options = {k: v for k, v in {"n_inducing": min(int(self.n_inducing), n), **common}.items()
+        options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}
         for name in self._method_options:
             if name not in accepted:
-                raise ValueError(f"Method {self.method!r} has no option {name!r}. Its options: "
-                                 f"{', '.join(sorted(accepted))}.")
-            options[name] = getattr(self, name)
-        for name in cls.sizes_capped_by_rows:  # e.g. the mean basis of odvgp / odvff: at most one per row
-            options[name] = min(int(options.get(name, _option_default(cls, name))), n)
-        return options
+                chosen = (f"method='auto' chose {choice.method!r} ({choice.reason}), which" if self.method == "auto"
+                          else f"Method {choice.method!r}")
+                raise ValueError(f"{chosen} has no option {name!r}. Its options: {', '.join(sorted(accepted))}.")
+            value = getattr(self, name)
+            boolean = isinstance(_option_default(cls, name), bool)
+            if boolean and not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
+            options[name] = bool(value) if boolean else value
+        for name in ("n_inducing", *cls.sizes_capped_by_rows):  # at most one inducing point per row
+            if name in accepted:
+                options[name] = min(int(options.get(name, _option_default(cls, name))), n)
+        return {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v for k, v in options.items()}
+
+    # --- what was fitted ---------------------------------------------------------------------------------
+    @property
+    def kernel_(self) -> Kernel:
+        """The trained kernel (a copy of ``kernel`` when one was given), on standardised inputs and targets:
+        :meth:`hyperparameters` gives its values in the units of X and y."""
+        check_is_fitted(self, "model_")
+        return self.model_.kernel
+
+    def hyperparameters(self) -> dict:
+        """The learned kernel and noise hyperparameters in the units of X and y: ``lengthscale`` (one per input
+        column, in that column's units), ``outputscale`` and ``noise`` (variances, in units of y squared; the
+        classifier's latent functions have no units, so its outputscale is the latent variance). A kernel without
+        a lengthscale (a network's, an additive one) reports what it has, on standardised inputs."""
+        check_is_fitted(self, "model_")
+        y_var = getattr(self, "y_std_", 1.0) ** 2
+        values: dict = {}
+        kernel = self.model_.kernel
+        if hasattr(kernel, "lengthscale"):
+            lengthscale = kernel.lengthscale.detach().double().cpu().numpy().reshape(-1)
+            if lengthscale.size in (1, self.n_features_in_):
+                values["lengthscale"] = np.broadcast_to(lengthscale, self.n_features_in_) * self.x_std_
+        if hasattr(kernel, "outputscale"):
+            outputscale = kernel.outputscale.detach().double().cpu().numpy()
+            values["outputscale"] = (float(outputscale) if outputscale.size == 1 else outputscale) * y_var
+        likelihood = self.model_.likelihood
+        if hasattr(likelihood, "noise"):
+            values["noise"] = float(likelihood.noise.detach()) * y_var
+        return values
+
+    def summary(self, file=None) -> None:
+        """Print the method (and why it was chosen), how training ended and its time, the final training objective,
+        and the learned hyperparameters in the units of X and y (a loaded model prints what its file recorded)."""
+        check_is_fitted(self, "model_")
+        t = self.training_
+        lines = [f"{type(self).__name__}: method {self.method_!r} ({self.method_reason_})"]
+        if not t["trainable"]:
+            lines.append(f"  training: none to do, inference in the posterior fit, {t['seconds']:.1f} s")
+        else:
+            how = "L-BFGS iterations" if t["optimizer"] == "lbfgs" else "Adam steps"
+            if t["converged"] is None:
+                ended = f"{t['epochs']} epochs"
+            elif t["converged"]:
+                ended = "converged (the objective stopped improving)"
+            else:
+                ended = f"stopped at the cap of {t['max_steps']} steps before converging"
+            lines.append(f"  training: {t['steps']} {how}, {ended}, {t['seconds']:.1f} s")
+            lines.append(f"  final objective: {t['final_objective']:.6g} (per data point, standardised targets)")
+        units = {"lengthscale": "units of X", "outputscale": "units of y^2", "noise": "variance, units of y^2"}
+        for name, value in self.hyperparameters().items():
+            shown = (np.array2string(np.asarray(value), precision=4, max_line_width=100) if np.ndim(value)
+                     else f"{value:.6g}")
+            lines.append(f"  {name} ({units[name] if self._task == 'regression' else 'latent'}): {shown}")
+        print("\n".join(lines), file=file or sys.stdout)
 
     # --- prediction --------------------------------------------------------------------------------------
-    def _latent(self, X) -> tuple[torch.Tensor, torch.Tensor]:
-        """The latent predictive (mean, variance) at X, after the checks every predict method makes (call it
-        without autograd)."""
+    def _inputs(self, X) -> torch.Tensor:
+        """X after the checks every predict method makes, standardised, as a tensor (call without autograd)."""
         check_is_fitted(self, "model_")
         X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
-        X = self._to_tensor(self._scale_x(X))
+        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=resolve_dtype(self.dtype),
+                         device=torch.device(self.device))
         self.model_.check_inputs(X)
+        return X
+
+    def _latent(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latent predictive (mean, variance) at X."""
+        X = self._inputs(X)  # first: it checks that the model is fitted
         return self.model_.predict(X)
 
     # --- persistence -------------------------------------------------------------------------------------
@@ -102,19 +240,26 @@ class _GPEstimator(BaseEstimator):
         """Write the fitted model to one file (atomically); :meth:`load` reads it back.
 
         ``metadata`` (JSON-serialisable, e.g. feature names) is stored alongside and restored as ``metadata_``.
+        A kernel object is stored as its constructor's name and arguments plus its tensors (never as a pickle):
+        gpscale's kernels and kernels registered with :func:`gpscale.kernels.register_kernel` can be saved; any
+        other object is refused with a message saying how to register it.
         """
         check_is_fitted(self, "model_")
         if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
             return
+        params = {**self.get_params(), "dtype": _dtype_name(resolve_dtype(self.dtype))}
         header = {
             "kind": type(self).__name__,
             "gpscale_version": __version__,
             "torch_version": torch.__version__,
-            "params": _jsonable(self.get_params()),
+            "params": _jsonable(params),
             "model_options": _jsonable(self.model_options_),
+            "method": self.method_,
+            "method_reason": self.method_reason_,
+            "training": self.training_,
             "n_features_in": int(self.n_features_in_),
             **self._header(),
-            "dtype": self.dtype,
+            "dtype": params["dtype"],
             "metadata": metadata or {},
         }
         tensors = {"model": self.model_.state_dict(), "x_mean": torch.as_tensor(self.x_mean_),
@@ -132,20 +277,27 @@ class _GPEstimator(BaseEstimator):
     @classmethod
     def _restore(cls, path, header: dict, tensors: dict, device: str | None):
         try:
-            params = dict(header["params"])
+            params = _unjsonable(dict(header["params"]))
             if device is not None:
                 params["device"] = device
             est = cls(**params)
-            model_cls = get_model_class(est.method)
-            model = model_cls(header["n_features_in"], **header["model_options"])
+            method = header.get("method", est.method)  # files from before method="auto" name it in params
+            model_cls = get_model_class(method)
+            model = model_cls(header["n_features_in"], **_unjsonable(header["model_options"]))
             # cast before loading: load_state_dict copies into the parameters' current dtype
-            model.to(dtype=est._torch_dtype(), device=torch.device(est.device))
+            model.to(dtype=resolve_dtype(est.dtype), device=torch.device(est.device))
             model.load_state_dict(tensors["model"])
             device = torch.device(est.device)  # a list holds per-device factors (HVGP's placed blocks)
             model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
                            for k, v in model.cache.items()}
             est.model_ = model.eval()
-            est.model_options_ = header["model_options"]
+            est.method_ = method
+            est.method_reason_ = header.get("method_reason", "given as method=")
+            est.training_ = header.get("training", {"trainable": model.trainable, "optimizer": "adam",
+                                                    "epochs": params.get("epochs"), "max_steps": None,
+                                                    "steps": None, "converged": None, "final_objective": math.nan,
+                                                    "seconds": math.nan})
+            est.model_options_ = _unjsonable(header["model_options"])
             est.n_features_in_ = header["n_features_in"]
             est.x_mean_, est.x_std_ = tensors["x_mean"].numpy(), tensors["x_std"].numpy()
             est._restore_header(header)
@@ -162,47 +314,53 @@ class _GPEstimator(BaseEstimator):
     def _restore_header(self, header: dict) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    # --- helpers -----------------------------------------------------------------------------------------
-    def _torch_dtype(self) -> torch.dtype:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be 'float64' or 'float32', got {self.dtype!r}.")
-        return _DTYPES[self.dtype]
-
-    def _scale_x(self, X: np.ndarray) -> np.ndarray:
-        return (X - self.x_mean_) / self.x_std_
-
-    def _to_tensor(self, a: np.ndarray) -> torch.Tensor:
-        return torch.tensor(a, dtype=self._torch_dtype(), device=torch.device(self.device))
-
 
 class GPRegressor(RegressorMixin, _GPEstimator):
     """Gaussian-process regression with any gpscale method.
 
     X is standardised per column and y to zero mean and unit variance with training statistics, which are
-    stored with the model; predictions come back in the original units.
+    stored with the model; predictions come back in the original units. With no arguments it picks a method for
+    the data (``method="auto"``), trains it until its objective stops improving and predicts with calibrated
+    intervals.
 
     Parameters
     ----------
-    method : str, default="sgpr"
-        Registry key: ``"exact"``, ``"sgpr"``, ``"svgp"`` (and the methods added later).
-    n_inducing : int, default=512
-        Inducing points (or basis functions) for methods that have them; capped at n.
-    epochs, batch_size, lr : training length, minibatch size (minibatch methods) and Adam learning rate.
-    optimizer : {"adam", "lbfgs"}, default="adam"
-        "lbfgs": scipy's L-BFGS-B on the full-batch loss for at most ``epochs`` iterations (full-batch methods
-        only; no ``lr``, no validation), see :func:`gpscale.train.fit`.
-    kernel : {"rbf", "matern12", "matern32", "matern52"} or None, default=None
+    method : str, default="auto"
+        A method key (``gpscale.available_methods()``: ``"exact"``, ``"sgpr"``, ``"svgp"``, ``"softki"``,
+        ``"grief"``, ``"grief-i"``, ``"dbk"``, ``"svdbk"``, ``"hvgp"``, ``"vff"``, ``"vff-svgp"``, ``"odvgp"``,
+        ``"odvff"``), or ``"auto"``: the exact GP up to 2,000 rows, SGPR (512 inducing points, full batch) while
+        a pass over the data costs at most that of 50,000 rows of 20 features, SVGP beyond
+        (:func:`gpscale.defaults.choose_method`). ``method_`` says what was fitted and ``summary()`` why.
+    n_inducing : int or None, default=None
+        Inducing points (or basis functions) for methods that have them, capped at n. None: the method's default.
+    epochs : int or None, default=None
+        None: train until the objective has converged (the plateau rule of :mod:`gpscale.defaults`), with
+        L-BFGS for full-batch methods and Adam with a step-down schedule for minibatch methods. An int: that many
+        passes over the data with Adam (one step per pass for full-batch methods).
+    max_steps : int or None, default=None
+        The cap of training to convergence, in optimiser steps. None: the method's (1,000 L-BFGS iterations or
+        5,000 Adam steps).
+    batch_size, lr : int or None, float or None, default=None
+        Minibatch size (minibatch methods) and Adam's learning rate. None: the method's defaults.
+    optimizer : {None, "adam", "lbfgs"}, default=None
+        None: L-BFGS for full-batch methods trained to convergence, Adam otherwise. "lbfgs": scipy's L-BFGS-B
+        on the full-batch loss (full-batch methods only; no ``lr``, no validation), see :func:`gpscale.train.fit`.
+    kernel : str, Kernel or None, default=None
         None: the method's default ("rbf", except "matern32" for the Fourier-feature methods, which need a Matérn).
+        A name (``"rbf"``, ``"matern12"``, ``"matern32"``, ``"matern52"``, or one registered with
+        :func:`gpscale.kernels.register_kernel`) or a :class:`~gpscale.kernels.Kernel` object, which ``fit``
+        copies: the trained one is ``kernel_``.
     noise : float or None, default=None
-        Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default
-        (ln 2 = softplus(0), as GPyTorch, for exact/SGPR/SVGP; SoftKI's paper setting is a fixed 1e-3).
+        Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default.
     learn_noise : bool or None, default=None
-        None: the method's default (learned, except for SoftKI).
+        None: the method's default (learned, except for SoftKI, whose intervals are calibrated after training).
     val_fraction : float, default=0.0
-        Hold out this fraction for early stopping on validation NLPD (0: no validation).
+        Hold out this fraction to watch the validation NLPD: training then stops when it stops improving, and
+        keeps the best parameters (0: no validation).
     seed : int, default=0
-    dtype : {"float64", "float32"}, default="float64"
+    dtype : {"float64", "float32"} or a torch or numpy float dtype, default="float64"
     device : str, default="cpu"
+        Checked before any work: a CUDA device on a machine without one is an error.
     progress : bool, default=True
         A progress bar while training (in a terminal; written to a file, a line a minute at most).
     distributed : bool, default=False
@@ -211,28 +369,35 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         one-process fit on all rows (see :func:`gpscale.train.fit` for what is supported). :meth:`save` writes
         on rank 0 only.
     **method_options
-        Passed to the method (e.g. ``jitter``, ``solver``, ``learn_inducing``, ``ard``, ``chunk_size``).
+        Passed to the method (e.g. ``jitter``, ``solver``, ``learn_inducing``, ``ard``, ``chunk_size``,
+        ``calibrate_noise``); an option the fitted method does not take is an error at ``fit``.
 
     Attributes
     ----------
-    model_ : GPModel, the trained model.
+    method_ : str, the method fitted; method_reason_ : str, why.
+    model_ : GPModel, the trained model; kernel_ : its kernel.
     n_features_in_ : int
     x_mean_, x_std_ : ndarray (d,), y_mean_, y_std_ : float, training statistics.
     training_seconds_ : float, wall time of training (initialisation and posterior included).
-    fit_result_ : gpscale.train.FitResult (loss history, restarts, timing).
+    training_ : dict, how training ran and ended (optimiser, steps, converged, final objective, seconds); saved.
+    fit_result_ : gpscale.train.FitResult (loss history, steps, whether it converged, timing); not saved.
     """
 
-    def __init__(self, method="sgpr", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, optimizer="adam",
-                 kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
-                 progress=True, distributed=False, **method_options):
+    _task = "regression"
+
+    def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
+                 optimizer=None, kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0,
+                 dtype="float64", device="cpu", progress=True, distributed=False, **method_options):
         self.optimizer = optimizer
         self.noise = noise
         self.learn_noise = learn_noise
-        super().__init__(method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
-                         progress, distributed, method_options)
+        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
+                         device, progress, distributed, method_options)
 
+    @_all_or_nothing
     def fit(self, X, y):
         """Standardise, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
+        self._check_settings()
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
                              dtype=np.float64)
         comm = self._comm()
@@ -240,21 +405,57 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         if y_std == 0:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
-        self.y_mean_, self.y_std_ = float(y_mean), float(y_std)
-        self._train(X, (y - self.y_mean_) / self.y_std_, comm,
+        y_mean, y_std = float(y_mean), float(y_std)
+        self._train(X, (y - y_mean) / y_std, comm,
                     {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
-                    optimizer=self.optimizer)
+                    {"y_mean_": y_mean, "y_std_": y_std}, optimizer=self.optimizer)
         return self
 
     @torch.no_grad()
-    def predict(self, X, return_std=False):
-        """Predictive mean (n*,) of y, and with ``return_std=True`` its standard deviation (noise included)."""
+    def predict(self, X, return_std=False, return_cov=False, latent=False):
+        """The predictive mean (n*,) of y; with ``return_std=True`` also its standard deviation (n*,), with
+        ``return_cov=True`` its covariance (n*, n*) (at most ``COV_MAX_ROWS`` rows), both noise included unless
+        ``latent=True``, which gives the moments of the noise-free function f instead."""
+        if return_std and return_cov:
+            raise ValueError("Ask for return_std or return_cov, not both: the std is the root of cov's diagonal.")
+        if return_cov:
+            mean, cov = self._joint(X, latent)
+            return mean * self.y_std_ + self.y_mean_, cov * self.y_std_**2
         mean_f, var_f = self._latent(X)
-        mean, var = self.model_.likelihood.predictive(mean_f, var_f)
+        mean, var = (mean_f, var_f) if latent else self.model_.likelihood.predictive(mean_f, var_f)
         mean = mean.double().cpu().numpy() * self.y_std_ + self.y_mean_
         if not return_std:
             return mean
         return mean, np.sqrt(var.double().cpu().numpy()) * self.y_std_
+
+    @torch.no_grad()
+    def sample_y(self, X, n_samples=1, random_state=0, latent=False):
+        """Draws (n*, n_samples) from the joint predictive of y at the rows of X (of f with ``latent=True``), as
+        scikit-learn's ``GaussianProcessRegressor.sample_y``. ``random_state``: an int, a numpy Generator or
+        RandomState, or None."""
+        if not (isinstance(n_samples, (int, np.integer)) and n_samples >= 1):
+            raise ValueError(f"n_samples must be a positive integer, got {n_samples!r}.")
+        mean, cov = self._joint(X, latent)
+        L = cholesky(torch.from_numpy(cov), what="predictive covariance").numpy()
+        rng = random_state if isinstance(random_state, (np.random.Generator, np.random.RandomState)) else \
+            np.random.default_rng(random_state)
+        draws = mean[:, None] + L @ rng.standard_normal((len(mean), int(n_samples)))
+        return draws * self.y_std_ + self.y_mean_
+
+    def _joint(self, X, latent: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The joint predictive (mean, covariance) of standardised f, or of y unless ``latent``, as float64 numpy."""
+        check_is_fitted(self, "model_")
+        rows = len(X)
+        if rows > COV_MAX_ROWS:
+            raise ValueError(f"X has {rows:,} rows: a joint covariance of more than {COV_MAX_ROWS:,} rows "
+                             f"({rows**2 * 8 / 2**30:.1f} GiB in float64) is refused. Ask for return_std=True "
+                             "(marginal variances, any number of rows), or pass the rows in blocks.")
+        X = self._inputs(X)
+        mean, cov = self.model_.predict_cov(X)
+        mean, cov = mean.double().cpu().numpy(), cov.double().cpu().numpy()
+        if not latent:
+            cov = cov + float(self.model_.likelihood.noise) * np.eye(len(mean))
+        return mean, cov
 
     def _header(self) -> dict:
         return {"scaling": {"y_mean": self.y_mean_, "y_std": self.y_std_}}
@@ -272,46 +473,53 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     Parameters
     ----------
-    method : str, default="svgp"
+    method : str, default="auto"
         A method whose objective takes a non-Gaussian likelihood: ``"svgp"``, ``"hvgp"``, ``"odvgp"``,
-        ``"odvff"``, ``"vff-svgp"``; the others say so.
+        ``"odvff"``, ``"vff-svgp"``; the others say so. ``"auto"``: ``"svgp"``.
     likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
         None: "bernoulli" for two classes, "robustmax" for more.
-    n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device, progress, distributed,
-    **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the held-out labels).
+    n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype, device, progress,
+    distributed, **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the held-out
+        labels).
 
     Attributes
     ----------
     classes_ : ndarray (C,), the labels, sorted; ``predict_proba``'s columns follow them.
-    model_, n_features_in_, x_mean_, x_std_, training_seconds_, fit_result_ : as for :class:`GPRegressor`.
+    method_, method_reason_, model_, kernel_, n_features_in_, x_mean_, x_std_, training_seconds_, fit_result_ : as
+        for :class:`GPRegressor`.
     """
 
-    def __init__(self, method="svgp", n_inducing=512, epochs=50, batch_size=1024, lr=0.01, kernel=None,
-                 likelihood=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu", progress=True,
-                 distributed=False, **method_options):
-        self.likelihood = likelihood
-        super().__init__(method, n_inducing, epochs, batch_size, lr, kernel, val_fraction, seed, dtype, device,
-                         progress, distributed, method_options)
+    _task = "classification"
 
+    def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
+                 kernel=None, likelihood=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
+                 progress=True, distributed=False, **method_options):
+        self.likelihood = likelihood
+        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
+                         device, progress, distributed, method_options)
+
+    @_all_or_nothing
     def fit(self, X, y):
         """Train on X (n, d) and labels y (n,). Returns self."""
+        self._check_settings()
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=2, dtype=np.float64)
         check_classification_targets(y)
         comm = self._comm()
-        self.classes_ = _global_classes(y, comm)
-        C = len(self.classes_)
+        classes = _global_classes(y, comm)
+        C = len(classes)
         if C < 2:
-            raise ValueError(f"y holds one class only ({self.classes_[0]!r}): a classifier needs at least two.")
+            raise ValueError(f"y holds one class only ({classes[0]!r}): a classifier needs at least two.")
         likelihood = self.likelihood or ("bernoulli" if C == 2 else "robustmax")
         if likelihood == "bernoulli" and C > 2:
             raise ValueError(f"likelihood='bernoulli' is for two classes, but y has {C}; use 'robustmax' or "
                              "'softmax' (or leave likelihood=None).")
         if likelihood not in ("bernoulli", "robustmax", "softmax"):
             raise ValueError(f"likelihood must be None, 'bernoulli', 'robustmax' or 'softmax', got {likelihood!r}.")
-        codes = np.searchsorted(self.classes_, y).astype(np.float64)
+        codes = np.searchsorted(classes, y).astype(np.float64)
         targets = 2 * codes - 1 if likelihood == "bernoulli" else codes  # probit's labels are -1 / +1
         self._train(X, targets, comm, {"kernel": self.kernel, "likelihood": likelihood,
-                                       "n_classes": None if likelihood == "bernoulli" else C})
+                                       "n_classes": None if likelihood == "bernoulli" else C},
+                    {"classes_": classes})
         return self
 
     @torch.no_grad()
@@ -342,6 +550,49 @@ def load(path: str | os.PathLike, device: str | None = None) -> GPRegressor | GP
     return kinds[header["kind"]]._restore(path, header, tensors, device)
 
 
+# --- settings ---------------------------------------------------------------------------------------------------
+def resolve_dtype(dtype) -> torch.dtype:
+    """``"float32"`` / ``"float64"``, or the torch or numpy dtype of either, as a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        name = _dtype_name(dtype) if dtype in _DTYPES.values() else None
+    else:
+        try:
+            name = np.dtype(dtype).name if dtype is not None else None
+        except TypeError:
+            name = None
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be 'float64' or 'float32' (or the torch or numpy dtype of either), got "
+                         f"{dtype!r}.")
+    return _DTYPES[name]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in _DTYPES.items()}[dtype]
+
+
+def check_device(device) -> torch.device:
+    """``device`` as a torch device, checked to exist on this machine before any work is done on it."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a device name torch knows ({err}); use 'cpu', 'cuda' or "
+                         "'cuda:N'.") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}, but this machine has no CUDA device that torch "
+                             f"{torch.__version__} can use (torch.cuda.is_available() is False): use device='cpu', "
+                             "or install a CUDA build of torch on a machine with an NVIDIA GPU.")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                             f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1}).")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}, but MPS is not available on this machine: use device='cpu'.")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device={device!r}: gpscale runs on 'cpu', 'cuda' or 'mps'.")
+    return parsed
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
 def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
     """The sorted labels of every process's y."""
     classes = np.unique(y)
@@ -385,6 +636,21 @@ def _option_names(cls: type[GPModel]) -> set[str]:
     return names
 
 
+def _all_method_options() -> set[str]:
+    """Every option of every registered method."""
+    return set().union(*(_option_names(get_model_class(key)) for key in available_methods()))
+
+
+def boolean_options() -> set[str]:
+    """The options that every registered method declaring them declares with a True or False default."""
+    kinds: dict[str, set[bool]] = {}
+    for key in available_methods():
+        cls = get_model_class(key)
+        for name in _option_names(cls):
+            kinds.setdefault(name, set()).add(isinstance(_option_default(cls, name), bool))
+    return {name for name, boolean in kinds.items() if boolean == {True}}
+
+
 def _option_default(cls: type[GPModel], name: str):
     """The default of keyword option ``name`` in the first class of ``cls``'s MRO that declares it."""
     for klass in cls.__mro__:
@@ -398,12 +664,26 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def _jsonable(params: dict) -> dict:
-    """The options as JSON values; lists and tuples of scalars (e.g. ``image_shape``, ``devices``) become lists."""
+    """The options as JSON values: lists and tuples of scalars (e.g. ``image_shape``, ``devices``) become lists,
+    a kernel object its constructor spec (:func:`gpscale.kernels.kernel_spec`)."""
     def scalar_sequence(v):
         return isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) for x in v)
 
-    bad = [k for k, v in params.items() if not (isinstance(v, _SCALARS) or scalar_sequence(v))]
-    if bad:
-        raise ValueError(f"Cannot save options {bad}: only str/int/float/bool/None options, and lists of them, can "
-                         "be stored.")
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+    out = {}
+    for name, value in params.items():
+        if isinstance(value, Kernel):
+            out[name] = {"kernel_spec": kernel_spec(value)}
+        elif isinstance(value, _SCALARS) or scalar_sequence(value):
+            out[name] = list(value) if isinstance(value, tuple) else value
+        else:
+            raise ValueError(f"Cannot save option {name}={value!r}: a model file holds str/int/float/bool/None "
+                             "options, lists of them and gpscale kernels, never pickled objects. Pass the option "
+                             "by name (e.g. network='resnet', group='pca_negation'), or for a kernel register its "
+                             "constructor with gpscale.kernels.register_kernel and pass kernel='<its name>'.")
+    return out
+
+
+def _unjsonable(params: dict) -> dict:
+    """:func:`_jsonable` undone: kernel specs become kernel objects again."""
+    return {name: kernel_from_spec(value["kernel_spec"]) if isinstance(value, dict) and "kernel_spec" in value
+            else value for name, value in params.items()}

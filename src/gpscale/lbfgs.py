@@ -5,6 +5,7 @@ points where the objective cannot be evaluated.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,7 +15,7 @@ from scipy.optimize import minimize
 from torch import Tensor
 
 from .distributed import LOCAL, Comm
-from .linalg import NotPSDError
+from .linalg import NotPSDError, NumericalWarning
 
 __all__ = ["minimise", "LbfgsResult", "FAILED_LOSS"]
 
@@ -55,7 +56,9 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
             takes the same steps.
 
     A point where ``loss`` raises :class:`~gpscale.linalg.NotPSDError` or gives a non-finite value or gradient
-    counts as ``FAILED_LOSS`` with a zero gradient, so the line search backtracks from it. When no point could be
+    counts as ``FAILED_LOSS`` with a zero gradient, so the line search backtracks from it. Jitter added at a trial
+    point (a :class:`~gpscale.linalg.NumericalWarning`) is not reported: the line search may try points far from
+    where it ends, and the posterior fitted at the end warns if it needs jitter. When no point could be
     evaluated the params are left unchanged and ``result.evaluated`` is False.
     """
     start = torch.cat([p.detach().reshape(-1) for p in params]).cpu().double().numpy()
@@ -71,7 +74,9 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
         assign(x)
         state["evaluations"] += 1
         try:
-            value = loss()
+            with warnings.catch_warnings():  # a trial point of the line search that needs jitter is no news
+                warnings.simplefilter("ignore", NumericalWarning)
+                value = loss()
             grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, params)])
             if comm.world_size > 1:  # one collective for the value and the gradient
                 value, grad = comm.all_reduce_sum(torch.cat([value.detach().reshape(1), grad])).split(

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import lbfgs
+from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .distributed import LOCAL, Comm, broadcast_state
 from .linalg import NotPSDError
 from .models.base import GPModel
@@ -35,14 +36,28 @@ class TrainingError(RuntimeError):
 
 @dataclass
 class FitResult:
-    """What happened during :func:`fit`. ``history`` has one dict per epoch (epoch, loss, lr, seconds and,
-    with validation, val_nlpd)."""
+    """What happened during :func:`fit`. ``history`` has one dict per epoch, or per L-BFGS iteration (epoch, the
+    optimiser steps taken so far, loss, lr, seconds and, with validation, val_nlpd). ``settings`` are the training
+    settings that ran (the defaults filled in). ``converged`` says, when training ran to convergence, whether the
+    plateau rule (or L-BFGS's own test) ended it before the cap of steps; None for a fixed number of epochs."""
 
     history: list[dict] = field(default_factory=list)
+    settings: Training | None = None
     restarts: int = 0
     best_epoch: int | None = None
     stopped_early: bool = False
+    converged: bool | None = None
     seconds: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        """Optimiser steps taken (Adam steps or L-BFGS iterations)."""
+        return self.history[-1]["step"] if self.history else 0
+
+    @property
+    def final_loss(self) -> float:
+        """The training objective (per data point) at the end: the last epoch's mean, or the last iteration's."""
+        return self.history[-1]["loss"] if self.history else math.nan
 
     @property
     def epochs_run(self) -> int:
@@ -61,13 +76,14 @@ def fit(
     X: Tensor,
     y: Tensor,
     *,
-    epochs: int = 50,
-    batch_size: int = 1024,
-    lr: float = 0.01,
-    optimizer: str = "adam",
+    epochs: int | None = None,
+    max_steps: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    optimizer: str | None = None,
     schedule: Schedule = None,
     val_fraction: float = 0.0,
-    patience: int = 10,
+    patience: int | None = None,
     val_every: int = 1,
     seed: int = 0,
     progress: bool = True,
@@ -75,25 +91,40 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     comm: Comm = LOCAL,
+    convergence: Convergence = CONVERGENCE,
 ) -> FitResult:
     """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
 
+    Settings left as None come from :mod:`gpscale.defaults` (the table every entry point reads).
+
     Args:
-        epochs: passes over the data; for full-batch models (``model.full_batch``) one Adam step each. With
-            ``optimizer="lbfgs"``, the most L-BFGS iterations (each one or more evaluations of loss and gradient).
-        batch_size: minibatch size for minibatch models; batches are reshuffled every epoch.
-        lr: Adam learning rate.
+        epochs: None (default): train until the objective stops improving, by the plateau rule of
+            ``convergence`` (:class:`~gpscale.defaults.Convergence`), for at most ``max_steps`` optimiser steps.
+            An int: that many passes over the data (for full-batch models one Adam step each; with
+            ``optimizer="lbfgs"``, at most that many L-BFGS iterations).
+        max_steps: the cap of training to convergence, in optimiser steps (Adam steps or L-BFGS iterations);
+            ignored with a fixed ``epochs``. None: the method's default.
+        batch_size: minibatch size for minibatch models; batches are reshuffled every epoch. None: the method's.
+        lr: Adam learning rate. None: the method's default.
         optimizer: ``"adam"``, or ``"lbfgs"`` (scipy's L-BFGS-B, full-batch models only): quasi-Newton steps to
             the loss's optimum, where a fixed Adam budget stops short or oscillates; as GPy and GPflow fit a
             handful of kernel hyperparameters. It uses neither ``lr`` nor ``schedule``, and supports neither
             validation (``val_fraction``) nor checkpoints. Points where the loss cannot be evaluated (a failed
-            Cholesky) make the line search backtrack; the best point evaluated is kept.
+            Cholesky) make the line search backtrack; the best point evaluated is kept. None: the method's
+            optimiser for training to convergence, and Adam for a fixed number of epochs.
         schedule: ``None``/``'constant'``, ``'cosine'`` (annealed to 0 over ``epochs``), or a callable
-            ``(optimizer, epochs) -> scheduler`` stepped once per epoch.
-        val_fraction: hold out this fraction (seeded) to compute the validation NLPD after each epoch; training
-            stops after ``patience`` epochs without improvement and the best parameters are restored.
-        val_every: compute the validation NLPD every this many epochs (and after the last); the patience still
-            counts epochs. Each check refits the posterior, which for full-batch models costs as much as an epoch.
+            ``(optimizer, epochs) -> scheduler`` stepped once per epoch; only with a fixed ``epochs`` (training to
+            convergence steps the learning rate down on plateaus itself).
+        val_fraction: hold out this fraction (seeded) to compute the validation NLPD; with a fixed ``epochs``
+            after each epoch, training stopping after ``patience`` epochs without improvement; when training to
+            convergence at the end of each window, the plateau rule then watching the validation NLPD instead of
+            the training loss. The best parameters are restored.
+        patience: with a fixed ``epochs``, epochs without a better validation NLPD before stopping (default 10);
+            when training to convergence, windows without improvement before the learning rate steps down
+            (default ``convergence.patience``).
+        val_every: with a fixed ``epochs``, compute the validation NLPD every this many epochs (and after the
+            last); the patience still counts epochs. Each check refits the posterior, which for full-batch models
+            costs as much as an epoch.
         seed: seeds initialisation, shuffling and the validation split.
         progress: show a progress bar with the loss (in a terminal; elsewhere a line a minute, see
             :func:`progress_bar`).
@@ -112,12 +143,19 @@ def fit(
             and a loss that couples a batch's rows (SoftKI) gets the whole gathered batch on every rank. With
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
             over all held-out rows. L-BFGS works on the losses that all-reduce their statistics.
+        convergence: the plateau rule of training to convergence.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, patience=patience, val_every=val_every)
-    _check_optimizer(optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
-    _check_distributable(model, comm, optimizer=optimizer)
+    settings = resolve_training(model.key, model.full_batch, epochs=epochs, max_steps=max_steps,
+                                optimizer=optimizer, lr=lr, batch_size=batch_size)
+    _check_positive(epochs=settings.epochs, max_steps=settings.max_steps, batch_size=settings.batch_size,
+                    lr=settings.lr, patience=patience, val_every=val_every)
+    _check_optimizer(settings.optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
+    if settings.epochs is None and schedule not in (None, "constant"):
+        raise ValueError(f"schedule={schedule!r} anneals over a fixed number of epochs; pass epochs=, or leave "
+                         "schedule=None (training to convergence steps the learning rate down on plateaus).")
+    _check_distributable(model, comm, optimizer=settings.optimizer)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
@@ -133,16 +171,16 @@ def fit(
     else:
         model.load_state_dict(state["model"])
     initial = copy.deepcopy(model.state_dict())
-    result = FitResult()
+    result = FitResult(settings=settings)
     start = time.perf_counter()
     for attempt in range(max_restarts + 1 if model.trainable else 0):
         try:
-            if optimizer == "lbfgs":
-                _optimise_lbfgs(model, X_fit, y_fit, result, max_iterations=epochs, progress=progress, comm=comm)
+            if settings.optimizer == "lbfgs":
+                _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress, comm=comm)
             else:
-                _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, epochs=epochs,
-                          batch_size=batch_size, lr=lr, schedule=schedule, patience=patience, val_every=val_every,
-                          progress=progress, checkpoint=checkpoint, comm=comm)
+                _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings, convergence,
+                          schedule=schedule, patience=patience, val_every=val_every, progress=progress,
+                          checkpoint=checkpoint, comm=comm)
             break
         except (NotPSDError, TrainingError) as err:
             if attempt == max_restarts:
@@ -154,18 +192,58 @@ def fit(
                           f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
             model.load_state_dict(initial)
             _perturb(model, generator, scale=0.1 * (attempt + 1))
-            result, state = FitResult(restarts=attempt + 1), None
+            result, state = FitResult(settings=settings, restarts=attempt + 1), None
     model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, batch_size, lr, schedule,
-              patience, val_every, progress, checkpoint, comm=LOCAL) -> None:
+class _Plateau:
+    """The plateau rule of :class:`~gpscale.defaults.Convergence` over a sequence of window values (mean loss or
+    validation NLPD): :meth:`update` says whether the latest value improved, calls for a learning-rate cut, or ends
+    training."""
+
+    def __init__(self, convergence: Convergence, patience: int | None, state: dict | None = None,
+                 minibatch: bool = False):
+        self.tol = convergence.minibatch_tol if minibatch else convergence.tol
+        self.lr_cuts = convergence.lr_cuts
+        self.patience = convergence.patience if patience is None else patience
+        self.state = dict(state) if state else {"best": math.inf, "waited": 0, "cuts": 0}
+
+    def update(self, value: float) -> str:
+        """``"improved"``, ``"wait"``, ``"cut"`` (the learning rate steps down) or ``"stop"``."""
+        s = self.state
+        if value < s["best"] - self.tol * max(1.0, abs(s["best"])) or not math.isfinite(s["best"]):
+            s.update(best=min(value, s["best"]), waited=0)
+            return "improved"
+        s["best"] = min(value, s["best"])
+        s["waited"] += 1
+        if s["waited"] < self.patience:
+            return "wait"
+        if s["cuts"] < self.lr_cuts:
+            s.update(cuts=s["cuts"] + 1, waited=0)
+            return "cut"
+        return "stop"
+
+
+def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Training, convergence: Convergence, *,
+              schedule, patience, val_every, progress, checkpoint, comm=LOCAL) -> None:
+    """Adam, for a fixed number of epochs or (``settings.epochs`` None) to convergence by the plateau rule."""
     model.clear_cache()
-    optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
-    scheduler = _make_scheduler(schedule, optimiser, epochs)
+    optimiser = torch.optim.Adam(model.parameter_groups(), lr=settings.lr)
+    shard = Shard.of(X.shape[0], comm)
+    steps_per_epoch = 1 if model.full_batch else math.ceil(shard.n_global / settings.batch_size)
+    converging = settings.epochs is None
+    if converging:  # windows of whole epochs; the cap in steps becomes a cap in epochs
+        window = (convergence.full_batch_window if model.full_batch
+                  else math.ceil(convergence.minibatch_window / steps_per_epoch))
+        epochs = math.ceil(settings.max_steps / steps_per_epoch)
+    else:
+        epochs = settings.epochs
+    scheduler = None if converging else _make_scheduler(schedule, optimiser, epochs)
     best = {"nlpd": math.inf, "state": None, "epoch": None, "last_good": -1}
+    plateau = _Plateau(convergence, patience, state.get("plateau") if state else None,
+                       minibatch=not model.full_batch and X_val is None)
     first = 0
     if state is not None:
         optimiser.load_state_dict(state["optimiser"])
@@ -177,7 +255,6 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         if "last_good" not in best:  # checkpoints written before val_every counted the epochs without improvement
             best["last_good"] = len(state["history"]) - 1 - best.pop("bad")
         first = len(result.history)
-    shard = Shard.of(X.shape[0], comm)
     objective = _Objective(model)
     if comm.world_size > 1:
         # DDP must look for parameters without a gradient: empty ones (gamma [0, d] without a mean basis) and those
@@ -187,54 +264,83 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, *, epochs, ba
         objective = DistributedDataParallel(objective, find_unused_parameters=unused)
     bar = progress_bar(range(first, epochs), desc=model.key or "fit", unit="epoch",
                        enabled=progress and comm.rank == 0)
+    patience = 10 if patience is None else patience
     for epoch in bar:
         tic = time.perf_counter()
         model.train()
-        loss = _epoch(model, objective, X, y, optimiser, generator, batch_size, shard, comm)
+        loss = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm)
         if scheduler is not None:
             scheduler.step()
-        record = {"epoch": epoch, "loss": loss, "lr": optimiser.param_groups[0]["lr"],
-                  "seconds": time.perf_counter() - tic}
-        if X_val is not None and ((epoch + 1) % val_every == 0 or epoch + 1 == epochs):
+        record = {"epoch": epoch, "step": (epoch + 1) * steps_per_epoch, "loss": loss,
+                  "lr": optimiser.param_groups[0]["lr"], "seconds": time.perf_counter() - tic}
+        window_ends = converging and (epoch + 1) % window == 0
+        validate = window_ends if converging else ((epoch + 1) % val_every == 0 or epoch + 1 == epochs)
+        if X_val is not None and validate:
             record["val_nlpd"] = _validation_nlpd(model, X, y, X_val, y_val, comm)
             if record["val_nlpd"] < best["nlpd"]:
                 best = {"nlpd": record["val_nlpd"], "state": copy.deepcopy(model.state_dict()), "epoch": epoch,
                         "last_good": epoch}
         result.history.append(record)
+        verdict = None
+        if window_ends:
+            watched = record.get("val_nlpd", sum(h["loss"] for h in result.history[-window:]) / window)
+            verdict = plateau.update(watched)
+            if verdict == "cut":
+                for group in optimiser.param_groups:
+                    group["lr"] *= convergence.lr_factor
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
         if checkpoint and comm.rank == 0:
-            _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best)
-        if "val_nlpd" in record and epoch - best["last_good"] >= patience:
+            _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best,
+                             plateau.state)
+        if verdict == "stop":
+            result.converged = True
+            break
+        if not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience:
             result.stopped_early = True
             break
     bar.close()
+    if converging and not result.converged:
+        result.converged = False
     model.eval()
     if best["state"] is not None:
         model.load_state_dict(best["state"])
         result.best_epoch = best["epoch"]
 
 
-def _optimise_lbfgs(model, X, y, result, *, max_iterations, progress, comm=LOCAL) -> None:
-    """L-BFGS-B on the full-batch loss; one history record per iteration. Under data parallelism each rank's
-    share is 1/W of the loss, whose statistics the model all-reduces, and lbfgs sums the shares' gradients."""
+def _optimise_lbfgs(model, X, y, result, settings: Training, convergence: Convergence, *, progress,
+                    comm=LOCAL) -> None:
+    """L-BFGS-B on the full-batch loss; one history record per iteration. With ``settings.epochs`` None it runs to
+    scipy's convergence tests or the plateau rule, at most ``settings.max_steps`` iterations. Under data
+    parallelism each rank's share is 1/W of the loss, whose statistics the model all-reduces, and lbfgs sums the
+    shares' gradients."""
     model.clear_cache()
     model.train()
     params = [p for group in model.parameter_groups() for p in group["params"]]
-    bar = progress_bar(total=max_iterations, desc=model.key or "fit", unit="it", enabled=progress and comm.rank == 0)
+    converging = settings.epochs is None
+    iterations = settings.max_steps if converging else settings.epochs
+    bar = progress_bar(total=iterations, desc=model.key or "fit", unit="it", enabled=progress and comm.rank == 0)
     clock = {"tic": time.perf_counter()}
+    window = convergence.lbfgs_window
 
     def record(iteration: int, loss: float) -> None:
         now = time.perf_counter()
-        result.history.append({"epoch": iteration, "loss": loss, "lr": math.nan, "seconds": now - clock["tic"]})
+        result.history.append({"epoch": iteration, "step": iteration + 1, "loss": loss, "lr": math.nan,
+                               "seconds": now - clock["tic"]})
         clock["tic"] = now
         bar.update()
         bar.set_postfix(loss=f"{loss:.4g}")
+        if converging and len(result.history) > window:
+            before = result.history[-1 - window]["loss"]
+            if before - loss < convergence.tol * max(1.0, abs(loss)):
+                raise StopIteration  # scipy ends the run; the best point is kept
 
     objective, n = _Objective(model), Shard.of(X.shape[0], comm).n_global
     fitted = lbfgs.minimise(lambda: objective(X, y, n, 1.0 / comm.world_size, comm), params,
-                            max_iterations=max_iterations, callback=record, comm=comm)
+                            max_iterations=iterations, callback=record, comm=comm)
     bar.close()
     model.eval()
+    if converging:
+        result.converged = fitted.iterations < iterations
     if not fitted.evaluated:
         raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
 
@@ -393,8 +499,9 @@ def _perturb(model: GPModel, generator: torch.Generator, scale: float) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=generator).to(p))
 
 
-def _save_checkpoint(path, model, optimiser, scheduler, generator, history, best) -> None:
+def _save_checkpoint(path, model, optimiser, scheduler, generator, history, best, plateau) -> None:
     state = {
+        "plateau": plateau,
         "model": model.state_dict(),
         "optimiser": optimiser.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -446,5 +553,5 @@ def _check_distributable(model, comm, *, optimizer) -> None:
 
 def _check_positive(**values) -> None:
     for name, value in values.items():
-        if not value > 0:
+        if value is not None and not value > 0:
             raise ValueError(f"Expected {name} to be positive. Got {value}.")

@@ -40,7 +40,9 @@ from .store import ResultsStore, identity
 __all__ = ["run_protocol", "run_one", "machine_info"]
 
 # for gpscale.train.fit
-TRAINING_OPTIONS = ("epochs", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
+TRAINING_OPTIONS = ("epochs", "max_steps", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
+# a method entry with this key runs gpscale.GPRegressor(method="auto", **options): the library as a user gets it
+AUTO = "auto"
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -125,10 +127,15 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             if spec.key.startswith("gpytorch-"):
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
+            elif spec.key == AUTO:
+                predict, seconds_per_epoch, epochs, fitted = _run_estimator({**options, **train}, Xtr, ytr, seed,
+                                                                            progress, comm)
+                record.update(fitted)
+                reused = None
             else:
-                predict, seconds_per_epoch, epochs, reused = _run_ours(spec, options, train, Xtr, ytr, seed,
-                                                                      progress, {} if trained is None else trained,
-                                                                      comm)
+                predict, seconds_per_epoch, epochs, reused, fitted = _run_ours(
+                    spec, options, train, Xtr, ytr, seed, progress, {} if trained is None else trained, comm)
+                record.update(fitted)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
             mean, var = (t.double().cpu().numpy() for t in predict(Xte))  # classes: probabilities [n*, C]
@@ -142,7 +149,7 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
         record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
-        if trained is not None and reused is None and not spec.key.startswith("gpytorch-"):
+        if trained is not None and reused is None and not spec.key.startswith("gpytorch-") and spec.key != AUTO:
             trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
                                                         "peak_memory_mb": peak_mb}
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
@@ -180,7 +187,8 @@ def _warm_up(specs, dtype, device) -> None:
 
     tiny = load("friedman1", n=200)
     for spec in specs:
-        quick = {} if spec.key.startswith("gpytorch-") else get_model_class(spec.key).warm_up_options
+        quick = {} if spec.key.startswith("gpytorch-") or spec.key == AUTO else \
+            get_model_class(spec.key).warm_up_options
         options = {**spec.options, "epochs": 1, **quick}
         with warnings.catch_warnings():  # e.g. a short chain's R-hat: nothing about the timed runs
             warnings.simplefilter("ignore")
@@ -189,7 +197,8 @@ def _warm_up(specs, dtype, device) -> None:
 
 def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
     """Train spec's model, or refit the posterior of a trained one that differs only in posterior options.
-    Returns (predict, seconds per epoch, epochs, the reused run or None)."""
+    Returns (predict, seconds per epoch, epochs, the reused run or None, what the record adds: optimiser steps and
+    whether training converged)."""
     cls = get_model_class(spec.key)
     identity = _training_identity(spec)
     earlier = trained.get(identity)
@@ -209,7 +218,32 @@ def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
         with torch.no_grad():
             return model.likelihood.predictive(*model.predict(Xs))
 
-    return predict, result.seconds_per_epoch, result.epochs_run, reused
+    fitted = {"steps": result.steps, "converged": None if result.converged is None else int(result.converged)}
+    return predict, result.seconds_per_epoch, result.epochs_run, reused, fitted
+
+
+def _run_estimator(options, X, y, seed, progress, comm=LOCAL):
+    """``GPRegressor(method="auto", **options)`` on (X, y), as a user fits it: the estimator chooses the method,
+    scales the data (already standardised here, so its scaling changes nothing but round-off) and trains with the
+    library's defaults. Returns (predict, seconds per epoch, epochs, what the record adds: the method fitted, its
+    optimiser steps and whether training converged)."""
+    from ..estimator import GPRegressor
+
+    est = GPRegressor(method="auto", seed=seed, progress=progress, dtype=_DTYPE_NAMES[X.dtype],
+                      distributed=comm.world_size > 1, **options)
+    est.fit(X.cpu().numpy(), y.cpu().numpy())
+
+    def predict(Xs):
+        mean, std = est.predict(Xs.cpu().numpy(), return_std=True)
+        return torch.from_numpy(mean), torch.from_numpy(std**2)
+
+    result = est.fit_result_
+    fitted = {"fitted_method": est.method_, "steps": result.steps,
+              "converged": None if result.converged is None else int(result.converged)}
+    return predict, result.seconds_per_epoch, result.epochs_run, fitted
+
+
+_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 
 def _training_identity(spec: MethodSpec) -> str:

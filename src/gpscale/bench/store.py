@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -29,6 +29,9 @@ COLUMNS: dict[str, str] = {
     "train_seconds": "REAL", "seconds_per_epoch": "REAL", "predict_seconds": "REAL", "epochs": "INTEGER",
     "peak_memory_mb": "REAL",
     "reused_training_of": "TEXT",  # the method whose trained model this run refitted (posterior options only)
+    "fitted_method": "TEXT",  # the method that method key 'auto' chose
+    "steps": "INTEGER",  # optimiser steps taken (Adam steps or L-BFGS iterations)
+    "converged": "INTEGER",  # training to convergence: 1 if the plateau rule ended it, 0 at the cap; NULL: epochs
     "dtype": "TEXT", "device": "TEXT",
     "processes": "INTEGER",  # data-parallel processes that trained the model (NULL: one)
     "gpscale_version": "TEXT", "torch_version": "TEXT", "gpytorch_version": "TEXT",
@@ -36,7 +39,8 @@ COLUMNS: dict[str, str] = {
     "date": "TEXT", "git_commit": "TEXT",
 }
 # schema version -> the columns added by the next version
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",), 3: ("processes",)}
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",), 3: ("processes",),
+                                          4: ("fitted_method", "steps", "converged")}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 

@@ -51,6 +51,9 @@ class _SeparableMatern(Kernel):
         """[D]"""
         return softplus(self.raw_lengthscale)
 
+    def config(self) -> dict:
+        return {"n_features": self.n_features, "nu": self.nu}
+
     def factors(self, X1: Tensor, X2: Tensor) -> Tensor:
         """The 1-D correlations g(|x_d - x'_d| / l_d) [D, n1, n2]."""
         ls = self.lengthscale.to(X1.dtype)

@@ -37,7 +37,14 @@ def median_distance(X: Tensor, max_rows: int = 1000, seed: int = 0) -> float:
 
 
 class Kernel(nn.Module):
-    """A covariance function. Subclasses implement ``forward(X1, X2) -> K [n1, n2]`` and ``diag(X) -> [n]``."""
+    """A covariance function. Subclasses implement ``forward(X1, X2) -> K [n1, n2]`` and ``diag(X) -> [n]``, and
+    gpscale's own kernels ``config()``: their constructor's arguments, from which a saved model rebuilds them
+    (:func:`gpscale.kernels.kernel_spec`)."""
+
+    def config(self) -> dict | None:
+        """The constructor arguments (JSON values; nested kernels as kernels) that rebuild this kernel's structure,
+        its values then coming from ``state_dict``; None for a kernel gpscale cannot rebuild."""
+        return None
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -69,6 +76,12 @@ class Stationary(Kernel):
     def lengthscale(self) -> Tensor:
         """[d] if ARD else [1]."""
         return softplus(self.raw_lengthscale)
+
+    def config(self) -> dict:
+        return {"n_features": self.n_features, "ard": self.ard}
+
+    def extra_repr(self) -> str:
+        return f"lengthscale={_values(self.lengthscale)}, outputscale={_values(self.outputscale)}"
 
     @property
     def outputscale(self) -> Tensor:
@@ -114,6 +127,12 @@ class Matern(Stationary):
         super().__init__(n_features, **kwargs)
         self.nu = float(nu)
 
+    def config(self) -> dict:
+        return {**super().config(), "nu": self.nu}
+
+    def extra_repr(self) -> str:
+        return f"nu={self.nu}, {super().extra_repr()}"
+
     def profile(self, sq_dist: Tensor) -> Tensor:
         # sqrt has an infinite derivative at 0; the floor keeps gradients finite on the diagonal
         z = math.sqrt(2.0 * self.nu) * sq_dist.clamp_min(1e-30).sqrt()
@@ -147,6 +166,13 @@ class Periodic(Kernel):
     def period(self) -> Tensor:
         return softplus(self.raw_period)
 
+    def config(self) -> dict:
+        return {"n_features": self.n_features}
+
+    def extra_repr(self) -> str:
+        return (f"period={_values(self.period)}, lengthscale={_values(self.lengthscale)}, "
+                f"outputscale={_values(self.outputscale)}")
+
     @property
     def lengthscale(self) -> Tensor:
         return softplus(self.raw_lengthscale)
@@ -171,11 +197,23 @@ class Sum(Kernel):
         super().__init__()
         self.first, self.second = first, second
 
+    def config(self) -> dict | None:
+        if self.first.config() is None or self.second.config() is None:
+            return None
+        return {"first": self.first, "second": self.second}
+
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
         return self.first(X1, X2) + self.second(X1, X2)
 
     def diag(self, X: Tensor) -> Tensor:
         return self.first.diag(X) + self.second.diag(X)
+
+
+def _values(t: Tensor) -> str:
+    """A hyperparameter for a repr: a number, or a list of numbers, to 4 significant digits."""
+    values = t.detach().double().cpu().reshape(-1).tolist()
+    shown = [f"{v:.4g}" for v in values]
+    return shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
 
 
 KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52", "additive_matern12", "additive_matern32",
@@ -186,15 +224,22 @@ def make_kernel(name: str, n_features: int, **kwargs) -> Kernel:
     """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52`` (ARD or not: ``ard=``), or
     ``additive_matern12`` / ``32`` / ``52`` (:class:`~gpscale.kernels.separable.AdditiveMatern`: a lengthscale and
     a variance per input; ``outputscale`` is their initial total)."""
-    name = name.lower()
+    lowered = name.lower()
     nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
-    if name == "rbf":
+    if lowered == "rbf":
         return RBF(n_features, **kwargs)
-    if name in nus:
-        return Matern(n_features, nu=nus[name], **kwargs)
-    if name.startswith("additive_") and name[len("additive_"):] in nus:
+    if lowered in nus:
+        return Matern(n_features, nu=nus[lowered], **kwargs)
+    if lowered.startswith("additive_") and lowered[len("additive_"):] in nus:
         from .separable import AdditiveMatern  # separable builds on this module
 
         kwargs.pop("ard", None)
-        return AdditiveMatern(n_features, nu=nus[name[len("additive_"):]], **kwargs)
-    raise ValueError(f"Unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}.")
+        return AdditiveMatern(n_features, nu=nus[lowered[len("additive_"):]], **kwargs)
+    from .specs import registered_kernel  # the registry builds on this module
+
+    kernel = registered_kernel(name, n_features)
+    if kernel is not None:
+        return kernel
+    raise ValueError(f"Unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}, or register a constructor "
+                     "with gpscale.kernels.register_kernel (a model saved with a registered kernel needs the same "
+                     "registration, e.g. its module imported, before it is loaded).")

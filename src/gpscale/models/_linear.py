@@ -27,10 +27,11 @@ from torch.utils.checkpoint import checkpoint
 
 from ..distributed import LOCAL, Comm
 from ..linalg import StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
+from .base import PredictiveFactors
 
 __all__ = ["Statistics", "Collapsed", "accumulate", "in_memory", "collapse_cholesky", "collapse_qr",
            "residual_quad", "evidence_maximising_noise", "maximise_over_noise", "log_evidence", "predict_linear",
-           "woodbury_solver"]
+           "weight_space_factors", "woodbury_solver"]
 
 CORE = torch.float64
 
@@ -182,13 +183,18 @@ def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:
         - 0.5 * logdet_from_cholesky(post.L_B) - 0.5 * post.quad
 
 
+def weight_space_factors(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> PredictiveFactors:
+    """``phi(x*)^T w`` under the posterior N(weight_mean, (L_B L_B^T)^{-1}) at features Phi [c, r] (float64): mean
+    ``Phi weight_mean`` and covariance ``U^T U`` with ``U = L_B^{-1} Phi^T`` [r, c], no prior term."""
+    Phi = Phi.to(CORE)
+    return PredictiveFactors(Phi @ weight_mean, None, solve_lower(L_B, Phi.T))
+
+
 def predict_linear(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> tuple[Tensor, Tensor]:
     """Mean and variance [c] of ``phi(x*)^T w`` under the posterior N(weight_mean, (L_B L_B^T)^{-1}),
     for features Phi [c, r]."""
-    Phi = Phi.to(CORE)
-    mean = Phi @ weight_mean
-    var = (solve_lower(L_B, Phi.T) ** 2).sum(0)  # ||L_B^{-1} phi||^2 >= 0 by construction
-    return mean, var
+    mean, _, U, _ = weight_space_factors(L_B, weight_mean, Phi)
+    return mean, (U * U).sum(0)  # ||L_B^{-1} phi||^2 >= 0 by construction
 
 
 def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, grid_points: int = 400) -> float:

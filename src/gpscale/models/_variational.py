@@ -33,7 +33,7 @@ from ..distributed import LOCAL, Comm
 from ..linalg import (NotPSDError, NumericalWarning, cholesky, inverse_cholesky, logdet_from_cholesky, solve_lower,
                       solve_upper)
 from ..operators import BlockDiagonal, DenseSPD
-from .base import GPModel
+from .base import GPModel, PredictiveFactors
 from .inducing import kmeans_centers
 
 __all__ = ["InducingFeatures", "StackedFeatures", "VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
@@ -223,7 +223,26 @@ class VariationalGP(GPModel):
         self.cache = {"Lu": self.Lu(), "q_mu": self.q_mu.detach().clone(), "q_sqrt": self.q_sqrt.detach().clone()}
 
     def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        # the conditional of training: blocks on their devices, one column per latent function
         return self.conditional(X, self.cache["Lu"], self.cache["q_mu"], self.cache["q_sqrt"])
+
+    def prior_variance(self, X: Tensor) -> Tensor:
+        return self.features.Kff_diag(X)
+
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """``q(f)`` at X [c, d] with ``a = L^{-1} Kuf`` over every block: mean ``a^T m`` and covariance
+        ``K - a^T a + (S^T a)^T (S^T a)`` (one latent function, blocks on one device)."""
+        Lu = self.cache["Lu"]
+        if self.n_latent > 1 or isinstance(Lu, list):
+            raise NotImplementedError(f"The joint predictive of {self.key or type(self).__name__} is computed for "
+                                      "one latent function with its blocks on one device; use the marginal "
+                                      "predictive (predict) instead.")
+        A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # [(T,) m, c]
+        mean = (A * self.cache["q_mu"].to(A.dtype).unsqueeze(-1)).sum(-2)
+        SA = self.cache["q_sqrt"].to(A.dtype).mT @ A
+        if self.blocks is not None:
+            mean = mean.sum(0)
+        return PredictiveFactors(mean, A.reshape(-1, A.shape[-1]), SA.reshape(-1, SA.shape[-1]))
 
 
 class MeanWeights(NamedTuple):
@@ -433,14 +452,17 @@ class OrthogonallyDecoupledGP(GPModel):
         self.cache = {"L_bb": cholesky(Kbb.to_dense(), what="Kbb"), "L_S": self.q_sqrt.detach().to(CORE).clone(),
                       "w": w, "a": self.a_gamma.detach().to(CORE).clone(), "gamma": self.gamma.detach().clone()}
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+    def prior_variance(self, X: Tensor) -> Tensor:
+        return self.features.Kff_diag(X)
+
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``phi^T w + k(x, gamma) a`` and covariance ``K - V^T V + (L_S^T A)^T (L_S^T A)`` with
+        ``V = L_bb^{-1} phi`` (so ``V^T V = phi^T Kbb^{-1} phi``) and ``A = Kbb^{-1} phi``."""
         Kbx = self.features.Kuf(X).to(CORE)
-        V = solve_lower(self.cache["L_bb"], Kbx)  # L_bb^{-1} phi: ||V||^2 = phi^T Kbb^{-1} phi
-        A = solve_upper(self.cache["L_bb"].T, V)  # Kbb^{-1} phi
+        V = solve_lower(self.cache["L_bb"], Kbx)
+        A = solve_upper(self.cache["L_bb"].T, V)
         mean = Kbx.T @ self.cache["w"]
         if self.n_mean_inducing:
             mean = mean + self.kernel(X, self.cache["gamma"]).to(CORE) @ self.cache["a"]
-        residual = (self.features.Kff_diag(X).to(CORE) - (V * V).sum(0)).clamp_min(0.0)
-        SA = self.cache["L_S"].T @ A
-        return mean.to(X.dtype), (residual + (SA * SA).sum(0)).to(X.dtype)
+        return PredictiveFactors(mean, V, self.cache["L_S"].T @ A)
 

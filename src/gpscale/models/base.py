@@ -6,7 +6,7 @@ chunks, and ``likelihood.predictive`` turns it into the predictive of y.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -15,7 +15,8 @@ from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
 
-__all__ = ["GPModel", "register", "get_model_class", "available_methods", "NotFittedPosteriorError"]
+__all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods",
+           "NotFittedPosteriorError"]
 
 _REGISTRY: dict[str, type["GPModel"]] = {}
 
@@ -43,6 +44,21 @@ def available_methods() -> list[str]:
 
 class NotFittedPosteriorError(RuntimeError):
     """``predict`` was called before ``fit_posterior``."""
+
+
+class PredictiveFactors(NamedTuple):
+    """The latent posterior at the rows of X [c, d] in factored form:
+
+        E[f(X)] = mean,    Cov[f(X)] = P - E^T E + U^T U + diag(extra),
+
+    where P = k(X, X) is the prior covariance when ``explained`` (E) is given, and there is no prior term when it
+    is None (a model whose f lies in the span of its r features, a Bayesian linear model). Every method's marginal
+    variances and joint covariance come from these; the squared norms keep the variance's terms >= 0."""
+
+    mean: Tensor  # [c]
+    explained: Tensor | None  # [k, c]: what the model's features explain of the prior
+    spread: Tensor | None  # [l, c]: the posterior's uncertainty about them
+    extra: Tensor | None = None  # [c]: an independent variance per row (a variance correction)
 
 
 class GPModel(nn.Module):
@@ -146,9 +162,31 @@ class GPModel(nn.Module):
         """Fill ``self.cache`` with everything prediction needs, in one streamed pass over (X, y)."""
         raise NotImplementedError  # pragma: no cover - interface
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:  # pragma: no cover - interface
-        """Latent posterior mean and variance [c] at the rows of X [c, d], from ``self.cache``."""
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:  # pragma: no cover - interface
+        """The latent posterior at the rows of X [c, d] in factored form (:class:`PredictiveFactors`), from
+        ``self.cache``."""
         raise NotImplementedError
+
+    def prior_covariance(self, X: Tensor) -> Tensor:
+        """``k(X, X)`` [c, c], the P of :class:`PredictiveFactors`."""
+        return self.kernel(X, X)
+
+    def prior_variance(self, X: Tensor) -> Tensor:
+        """``k(x, x)`` [c] at the rows of X, the diagonal of :meth:`prior_covariance`."""
+        return self.kernel.diag(X)
+
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent posterior mean and variance [c] at the rows of X [c, d], from ``self.cache``: the diagonal of
+        :meth:`predictive_factors`' covariance."""
+        mean, E, U, extra = self.predictive_factors(X)
+        var = torch.zeros_like(mean)
+        if E is not None:  # k(x, x) - |e|^2 >= 0 in exact arithmetic: the clamp removes round-off only
+            var = (self.prior_variance(X).to(mean.dtype) - (E * E).sum(0)).clamp_min(0.0)
+        if U is not None:
+            var = var + (U * U).sum(0)
+        if extra is not None:
+            var = var + extra
+        return mean.to(X.dtype), var.to(X.dtype)
 
     def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
                               share: float = 1.0) -> None:
@@ -167,6 +205,24 @@ class GPModel(nn.Module):
             )
         parts = [self.predict_chunk(Xc) for Xc in X.split(self.chunk_size)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
+
+    @torch.no_grad()
+    def predict_cov(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """Latent posterior mean [n*] and joint covariance [n*, n*] of f at X [n*, d] (one block: O(n*^2) memory,
+        for the few hundred or thousand rows a joint draw needs)."""
+        if not self.cache:
+            raise NotFittedPosteriorError(
+                f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
+            )
+        mean, E, U, extra = self.predictive_factors(X)
+        cov = torch.zeros(mean.shape[0], mean.shape[0], dtype=mean.dtype, device=mean.device)
+        if E is not None:
+            cov = self.prior_covariance(X).to(mean.dtype) - E.T @ E
+        if U is not None:
+            cov = cov + U.T @ U
+        if extra is not None:
+            cov = cov + torch.diag(extra)
+        return mean.to(X.dtype), cov.to(X.dtype)
 
     def check_inputs(self, X: Tensor) -> None:
         """Warn about rows of X [n*, d] where the fitted posterior should not be trusted; called on the inputs a

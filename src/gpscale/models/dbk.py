@@ -59,7 +59,8 @@ from ..kernels import Kernel, inverse_softplus
 from . import _linear
 from ._linear import CORE
 from ._variational import gauss_kl_whitened
-from .base import GPModel, register
+from .._stack import user_stacklevel
+from .base import GPModel, PredictiveFactors, register
 
 __all__ = ["DeepBasisKernel", "DBK", "SVDBK", "ExtrapolationWarning", "mlp", "residual_mlp", "prior_variance",
            "variance_correction", "trace_penalty"]
@@ -295,7 +296,7 @@ def warn_outside_box(X: Tensor, lower: Tensor, upper: Tensor) -> None:
         f"{int(outside.sum())} of {X.shape[0]} rows lie outside the range of the training inputs ({how_far}). A "
         "deep basis kernel is unconstrained by data there: the predicted mean can be far off while its variance "
         "stays small. Check those predictions, or train on data that covers them.", ExtrapolationWarning,
-        stacklevel=6)  # through check_inputs, GPRegressor's _latent, predict and its no_grad wrapper to the caller
+        stacklevel=user_stacklevel())
 
 
 def _check_options(*, n_basis, network, depth, width, activation, weight_decay, kernel, kwargs) -> None:
@@ -417,12 +418,12 @@ class DBK(DeepBasisModel):
 
         return _linear.maximise_over_noise(log_evidence_at, *bounds, grid_points=60)
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean ``phi*^T alpha`` and variance ``sigma^2 ||L_Lambda^-1 phi*||^2 + c(x*)`` [c] (eqs. 6 and 12; alpha
-        and Lambda of the scaled rows with the correction)."""
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``phi*^T alpha`` and variance ``sigma^2 ||L_Lambda^-1 phi*||^2 + c(x*)`` (eqs. 6 and 12; alpha
+        and Lambda of the scaled rows with the correction); the correction c(x*) is independent between rows."""
         Phi = self.kernel.basis(X).to(CORE)  # [c, r]
-        mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
-        return mean.to(X.dtype), (var + self.predictive_correction(Phi)).to(X.dtype)
+        mean, _, U, _ = _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
+        return PredictiveFactors(mean, None, U, self.predictive_correction(Phi))
 
 
 # --- stochastic variational inference -----------------------------------------------------------------------------
@@ -547,10 +548,9 @@ class SVDBK(DeepBasisModel):
 
         return _linear.maximise_over_noise(expected_log_likelihood_at, *bounds, grid_points=60)
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` [c] (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""
         Phi = self.kernel.basis(X).to(CORE)  # [c, r]
-        mean = Phi @ self.cache["q_mu"]
-        var = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
-        return mean.to(X.dtype), (var + self.predictive_correction(Phi)).to(X.dtype)
+        return PredictiveFactors(Phi @ self.cache["q_mu"], None, (Phi @ self.cache["q_sqrt"]).T,
+                                 self.predictive_correction(Phi))
 

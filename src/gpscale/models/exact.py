@@ -6,7 +6,7 @@ from torch import Tensor
 
 from ..distributed import LOCAL, Comm
 from ..linalg import cho_solve, cholesky, gaussian_log_likelihood, solve_lower
-from .base import GPModel, register
+from .base import GPModel, PredictiveFactors, register
 
 __all__ = ["ExactGP"]
 
@@ -40,9 +40,7 @@ class ExactGP(GPModel):
         L = cholesky(self.Ky(X), what="training covariance K + sigma^2 I")  # Alg. 2.1, line 2
         self.cache = {"X": X.clone(), "L": L, "alpha": cho_solve(L, y.unsqueeze(-1)).squeeze(-1)}
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``K_*f alpha`` and covariance ``K_** - v^T v``, ``v = L^{-1} K_f*`` (Alg. 2.1, lines 4-6)."""
         Kxs = self.kernel(self.cache["X"], X)  # [n, c]
-        mean = Kxs.T @ self.cache["alpha"]  # Alg. 2.1, line 4
-        v = solve_lower(self.cache["L"], Kxs)  # line 5
-        var = (self.kernel.diag(X) - (v * v).sum(0)).clamp_min(0.0)  # line 6; clamp removes round-off only
-        return mean, var
+        return PredictiveFactors(Kxs.T @ self.cache["alpha"], solve_lower(self.cache["L"], Kxs), None)

@@ -58,7 +58,7 @@ from ..kernels.grid import (
 from ..linalg import NumericalWarning, logdet_from_cholesky, lower_inverse, solve_lower
 from . import _linear
 from ._linear import CORE
-from .base import GPModel, register
+from .base import GPModel, PredictiveFactors, register
 from .exact import ExactGP
 
 __all__ = ["GRIEF", "GridSpectrum", "OrthogonalBasis", "paper_n_eigen", "weighted", "reweighted_log_likelihood",
@@ -595,11 +595,10 @@ class GRIEF(GPModel):
         Q = [Qi[:size, :size] for Qi, size in zip(self.cache["Q"], sizes)]
         return GridSpectrum(Q=Q, idxs=self.cache["idxs"], logl=self.cache["logl"])
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean ``phi*^T P^{-1} r`` and variance ``sigma^2 phi*^T P^{-1} phi*`` [c] (spec §3.8 with W = I)."""
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``phi*^T P^{-1} r`` and covariance ``sigma^2 phi*^T P^{-1} phi*'`` (spec §3.8 with W = I)."""
         Phi = self.feature_map(self.cached_spectrum())(X)
-        mean, var = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
-        return mean.to(X.dtype), var.to(X.dtype)
+        return _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
 
 
 def _noise_range(scale: float, floor: float) -> tuple[float, float]:

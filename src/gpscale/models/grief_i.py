@@ -57,7 +57,7 @@ from ..mcmc import (
 )
 from . import _linear
 from ._linear import CORE
-from .base import register
+from .base import PredictiveFactors, register
 from .grief import (
     GRIEF,
     orthogonal_log_likelihood,
@@ -294,12 +294,19 @@ class GRIEFI(GRIEF):
         self.mcmc_summary_ = _summarise(result)
         _warn_if_unconverged(self.mcmc_summary_, self)
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """The mixture's mean ``phi*^T m`` and latent variance ``phi*^T C phi*`` [c]; O(c p^2)."""
-        Phi = self.feature_map(self.cached_spectrum())(X)
-        mean = Phi @ self.cache["weight_mean"]
-        var = ((Phi @ self.cache["weight_cov"]) * Phi).sum(-1).clamp_min(0.0)  # C is PSD; clip round-off
-        return mean.to(X.dtype), var.to(X.dtype)
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """The mixture's mean ``phi*^T m`` and covariance ``phi*^T C phi*'`` as ``U^T U``, ``U = C^{1/2} Phi^T``;
+        O(c p^2)."""
+        Phi = self.feature_map(self.cached_spectrum())(X).to(CORE)
+        return PredictiveFactors(Phi @ self.cache["weight_mean"], None, self.weight_cov_sqrt() @ Phi.T)
+
+    def weight_cov_sqrt(self) -> Tensor:
+        """``C^{1/2}`` [p, p], the symmetric root of the mixture's weight covariance (its eigenvalues, PSD up to
+        round-off, clipped at 0), computed once per posterior."""
+        if "weight_cov_sqrt" not in self.cache:
+            eigenvalues, Q = torch.linalg.eigh(self.cache["weight_cov"].to(CORE))
+            self.cache["weight_cov_sqrt"] = (Q * eigenvalues.clamp_min(0.0).sqrt()) @ Q.T
+        return self.cache["weight_cov_sqrt"]
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..distributed import LOCAL, Comm
 from ..linalg import cholesky, solve_lower
 from . import _linear
-from .base import GPModel, register
+from .base import GPModel, PredictiveFactors, register
 from .inducing import kmeans_centers
 
 __all__ = ["CollapsedGP", "SGPR"]
@@ -101,13 +101,15 @@ class CollapsedGP(GPModel):
         L_B_inv = solve_lower(post.L_B, eye)  # S S^T = B^{-1} = L_B^{-T} L_B^{-1}
         return post.weight_mean, cholesky(L_B_inv.T @ L_B_inv, what="optimal q(v) covariance")
 
-    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+    def prior_variance(self, X: Tensor) -> Tensor:
+        return self.Kff_diag(X)
+
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """The whitened weights' posterior at ``phi(x)``, plus ``k(x, x') - phi(x)^T phi(x')``: what the inducing
+        features cannot explain."""
         Phi = self.features(self.cache["Lu"])(X).to(_linear.CORE)  # [c, m]
-        mean, var_w = _linear.predict_linear(self.cache["L_B"], self.cache["w_mean"], Phi)
-        # k(x, x) - ||phi||^2 is what the inducing points cannot explain: >= 0 in exact arithmetic, and the
-        # clamp only removes round-off of order 1e-16
-        residual = (self.Kff_diag(X).to(_linear.CORE) - (Phi**2).sum(-1)).clamp_min(0.0)
-        return mean.to(X.dtype), (residual + var_w).to(X.dtype)
+        mean, _, U, _ = _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
+        return PredictiveFactors(mean, Phi.T, U)
 
 
 @register("sgpr")

@@ -1,0 +1,180 @@
+"""The library's defaults in one place: how each method trains when the caller does not say, the rule that
+decides when training has converged, and the rule by which ``method="auto"`` picks a method.
+
+:class:`~gpscale.GPRegressor`, :class:`~gpscale.GPClassifier`, the command line, the benchmark runner and
+:func:`gpscale.train.fit` all read these tables, so a setting left out means the same thing wherever it is left
+out. A model's own options (inducing points, noise, calibration) default to its constructor's defaults, which
+the model documents.
+
+Two ways to train:
+
+- ``epochs=None`` (the default): train until the objective stops improving (:class:`Convergence`), at most
+  ``max_steps`` optimiser steps. Full-batch methods (the collapsed bounds: exact, sgpr, vff, grief, dbk) use
+  scipy's L-BFGS-B, which needs no learning rate and converges in tens to hundreds of iterations; minibatch
+  methods use Adam with a step-down schedule on plateaus (natural-gradient steps for q where the model takes
+  them). The cap counts optimiser steps, not passes over the data, so a small data set gets as many steps as a
+  large one.
+- ``epochs=N``: N passes over the data with Adam at the table's learning rate (one step per pass for full-batch
+  methods), as gpscale has always trained: what the paper protocols pin.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "TRAINING", "training_defaults", "resolve_training",
+           "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_COLLAPSED_MAX_WORK", "Training"]
+
+
+@dataclass(frozen=True)
+class TrainingDefaults:
+    """How one method trains unless told otherwise.
+
+    Attributes:
+        optimizer: the optimiser of training to convergence (``epochs=None``): ``"lbfgs"`` or ``"adam"``. A fixed
+            ``epochs`` always trains with Adam unless ``optimizer`` is given.
+        lr: Adam's learning rate.
+        batch_size: rows per Adam step (minibatch methods; full-batch methods use every row).
+        max_steps: the cap of training to convergence, in optimiser steps (L-BFGS iterations or Adam steps).
+    """
+
+    optimizer: str
+    lr: float
+    batch_size: int = 1024
+    max_steps: int = 5000
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """When training with ``epochs=None`` stops: the plateau rule.
+
+    The objective is watched in windows. For full-batch Adam a window is ``full_batch_window`` steps; for minibatch
+    Adam it is the smallest whole number of epochs holding at least ``minibatch_window`` steps (so a window always
+    sees every row, and its mean loss is a smoothed full-data objective). A window *improves* when its mean loss
+    (or, with ``val_fraction > 0``, the validation NLPD at its end) is below the best so far by more than
+    ``tol * max(1, |best|)``, where ``tol`` is ``minibatch_tol`` for minibatch losses: the mean of a window of
+    minibatch losses moves by about that much from window to window by chance alone. After ``patience`` windows
+    without improvement Adam's learning rate is multiplied by ``lr_factor``; the next such plateau after
+    ``lr_cuts`` cuts ends training. L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
+    fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` iterations. Either way, training
+    stops after the method's ``max_steps``.
+    """
+
+    tol: float = 1e-4
+    minibatch_tol: float = 2e-3
+    patience: int = 2
+    lr_factor: float = 0.1
+    lr_cuts: int = 2
+    full_batch_window: int = 10
+    minibatch_window: int = 100
+    lbfgs_window: int = 10
+
+
+CONVERGENCE = Convergence()
+
+_FULL_BATCH = TrainingDefaults("lbfgs", lr=0.1, max_steps=1000)
+_MINIBATCH = TrainingDefaults("adam", lr=0.01, max_steps=5000)
+
+# Per method; a method missing here (a user's registered model) takes _FULL_BATCH or _MINIBATCH by its full_batch.
+TRAINING: dict[str, TrainingDefaults] = {
+    "exact": _FULL_BATCH,
+    "sgpr": _FULL_BATCH,
+    "vff": _FULL_BATCH,
+    "grief": _FULL_BATCH,
+    # a network takes smaller Adam steps than a kernel's few hyperparameters (the DBK paper's 1e-3)
+    "dbk": TrainingDefaults("lbfgs", lr=1e-3, max_steps=1000),
+    "svdbk": TrainingDefaults("adam", lr=1e-3, batch_size=256, max_steps=5000),
+    "svgp": _MINIBATCH,
+    "softki": _MINIBATCH,
+    "hvgp": _MINIBATCH,
+    "vff-svgp": _MINIBATCH,
+    "odvgp": _MINIBATCH,
+    "odvff": _MINIBATCH,
+}
+
+
+def training_defaults(key: str, full_batch: bool) -> TrainingDefaults:
+    """The table's row for method ``key`` (a model whose key is not in it: by whether it trains full batch)."""
+    return TRAINING.get(key, _FULL_BATCH if full_batch else _MINIBATCH)
+
+
+@dataclass(frozen=True)
+class Training:
+    """Settings of one training run, every one decided: ``epochs`` None means to convergence."""
+
+    epochs: int | None
+    max_steps: int
+    optimizer: str
+    lr: float
+    batch_size: int
+
+
+def resolve_training(key: str, full_batch: bool, *, epochs: int | None = None, max_steps: int | None = None,
+                     optimizer: str | None = None, lr: float | None = None,
+                     batch_size: int | None = None) -> Training:
+    """Fill in what the caller left as None from the table: the optimiser is the table's for training to
+    convergence and Adam for a fixed number of epochs."""
+    row = training_defaults(key, full_batch)
+    if optimizer is None:
+        optimizer = row.optimizer if epochs is None else "adam"
+    return Training(epochs=epochs, max_steps=row.max_steps if max_steps is None else max_steps,
+                    optimizer=optimizer, lr=row.lr if lr is None else lr,
+                    batch_size=row.batch_size if batch_size is None else batch_size)
+
+
+# --- method="auto" ----------------------------------------------------------------------------------------------
+# Measured on this project's 2-core CPU (docs/choosing.md): the exact GP's L-BFGS fit takes about 35 s at n = 2,000
+# and 80 s at n = 3,000 (an O(n^3) Cholesky per step); SGPR with 512 inducing points costs a pass over the data per
+# step, O(n m (m + d)) multiply-adds (1.6 s on kin40k's 36,000 rows of 8 features), and its L-BFGS keeps improving
+# for hundreds of steps where it has inducing locations to learn (kin40k: test RMSE 0.160 after 100 steps, 0.150
+# after 200, 0.146 after 300).
+AUTO_EXACT_MAX_N = 2000
+AUTO_INDUCING = 512
+# the largest n m (m + d) for which sgpr is chosen: 50,000 rows with 20 features at m = 512
+AUTO_COLLAPSED_MAX_WORK = 50_000 * AUTO_INDUCING * (AUTO_INDUCING + 20)
+# the multiply-adds of the passes auto's sgpr may take in all: about 4 minutes of the 2-core CPU above (kin40k's
+# 1.6 s per step at 9.6e9 per pass), so that a default fit of up to 50,000 rows ends within 5 minutes
+AUTO_COLLAPSED_BUDGET = 1.4e12
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``method="auto"`` chose, and why (one sentence, for ``summary()``); ``max_steps`` caps its training
+    when the caller does not (None: the method's own cap)."""
+
+    method: str
+    reason: str
+    max_steps: int | None = None
+
+
+def choose_method(n: int, d: int, task: str = "regression") -> Choice:
+    """The method ``method="auto"`` fits to n rows of d features; ``task`` is ``"regression"`` or
+    ``"classification"``.
+
+    - classification: ``svgp``, the variational method with every likelihood (probit, robust-max, softmax);
+    - n <= 2,000: ``exact``, the exact GP, whose O(n^3) fit still takes under a minute;
+    - n m (m + d) <= 50,000 x 512 x 532 (m = min(512, n)): ``sgpr``, the collapsed bound, each of whose L-BFGS
+      steps is one pass over the data; its steps are capped at 1.4e12 / (n m (m + d)) (at most the method's
+      1,000), the passes that take about 4 minutes on a 2-core CPU;
+    - beyond: ``svgp``, minibatch Adam, whose steps cost the same whatever n.
+    """
+    if task == "classification":
+        return Choice("svgp", "classification needs a non-Gaussian likelihood, which the variational svgp takes")
+    if task != "regression":
+        raise ValueError(f"task must be 'regression' or 'classification', got {task!r}.")
+    if n <= AUTO_EXACT_MAX_N:
+        return Choice("exact", f"n = {n:,} <= {AUTO_EXACT_MAX_N:,}: the exact GP fits in under a minute")
+    m = min(AUTO_INDUCING, n)
+    work = n * m * (m + d)
+    if work <= AUTO_COLLAPSED_MAX_WORK:
+        steps = min(TRAINING["sgpr"].max_steps, int(AUTO_COLLAPSED_BUDGET // work))
+        return Choice("sgpr", f"n = {n:,}, d = {d}: a pass over the data with {m} inducing points costs "
+                              f"{_engineering(work)} multiply-adds, at most {_engineering(AUTO_COLLAPSED_MAX_WORK)}, "
+                              f"so the collapsed bound trains full batch, for at most {steps} L-BFGS steps", steps)
+    return Choice("svgp", f"n = {n:,}, d = {d}: a full-batch pass would cost {_engineering(work)} multiply-adds, "
+                          f"more than {_engineering(AUTO_COLLAPSED_MAX_WORK)}, so minibatch svgp trains instead")
+
+
+def _engineering(x: float) -> str:
+    exponent = int(math.floor(math.log10(x)))
+    return f"{x / 10 ** exponent:.1f}e{exponent}"

@@ -1,0 +1,114 @@
+"""The one table of defaults: method="auto"'s rule, the training settings every entry point resolves the same way,
+and the command line fitting the model the Python API fits."""
+import csv
+import io
+
+import numpy as np
+import pytest
+
+from gpscale import GPClassifier, GPRegressor, load
+from gpscale.cli import main
+from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_N, AUTO_INDUCING, TRAINING, choose_method,
+                              resolve_training)
+from gpscale.models import available_methods, get_model_class
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def data(n=150, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, (n, d))
+    return X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.standard_normal(n) + 5.0
+
+
+@pytest.mark.parametrize("n, d, method", [
+    (10, 3, "exact"),
+    (AUTO_EXACT_MAX_N, 50, "exact"),
+    (AUTO_EXACT_MAX_N + 1, 5, "sgpr"),
+    (50_000, 20, "sgpr"),  # the budget is exactly this size's pass
+    (50_000, 21, "svgp"),
+    (45_000, 100, "svgp"),  # many features make the pass dearer: fewer rows fit the budget
+    (1_000_000, 2, "svgp"),
+])
+def test_auto_follows_the_documented_rule(n, d, method):
+    m = min(AUTO_INDUCING, n)
+    assert (n * m * (m + d) <= AUTO_COLLAPSED_MAX_WORK or n <= AUTO_EXACT_MAX_N) == (method != "svgp")
+    choice = choose_method(n, d)
+    assert choice.method == method and f"{n:,}" in choice.reason
+    assert choose_method(n, d, "classification").method == "svgp"
+
+
+def test_auto_rejects_an_unknown_task():
+    with pytest.raises(ValueError, match="task must be"):
+        choose_method(10, 2, "ranking")
+
+
+def test_the_estimator_reports_what_auto_chose_and_why(capsys):
+    X, y = data()
+    reg = GPRegressor(progress=False).fit(X, y)
+    assert reg.method == "auto" and reg.method_ == "exact" and reg.method_reason_ == choose_method(150, 3).reason
+    reg.summary()
+    text = capsys.readouterr().out
+    assert "method 'exact'" in text and "n = 150 <= 2,000" in text
+    assert "L-BFGS iterations, converged" in text and "lengthscale (units of X)" in text
+    clf = GPClassifier(progress=False, epochs=3, n_inducing=8).fit(X, y > 5.5)
+    assert clf.method_ == "svgp" and "classification" in clf.method_reason_
+
+
+def test_every_method_has_a_row_and_full_batch_methods_converge_with_lbfgs():
+    for key in available_methods():
+        cls = get_model_class(key)
+        if not cls.trainable:
+            continue
+        assert key in TRAINING, f"{key} has no row in gpscale.defaults.TRAINING"
+        expected = "lbfgs" if cls.full_batch else "adam"
+        assert resolve_training(key, cls.full_batch).optimizer == expected
+
+
+def test_a_fixed_number_of_epochs_trains_with_adam_at_the_tables_rate():
+    settings = resolve_training("sgpr", True, epochs=30)
+    assert (settings.optimizer, settings.epochs, settings.lr) == ("adam", 30, TRAINING["sgpr"].lr)
+    given = resolve_training("svgp", False, epochs=None, lr=0.5, batch_size=7, max_steps=9, optimizer="adam")
+    assert (given.lr, given.batch_size, given.max_steps, given.epochs) == (0.5, 7, 9, None)
+    assert resolve_training("a-users-model", False).optimizer == "adam"  # not in the table: by full_batch
+
+
+def test_the_command_line_and_the_api_fit_the_same_model_from_the_same_defaults(tmp_path):
+    X, y = data(120)
+    path = tmp_path / "train.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["a", "b", "c", "y"])
+        writer.writerows(np.c_[X, y].tolist())
+    assert main(["fit", str(path), "--target", "y", "-o", str(tmp_path / "m.gps"), "--quiet"]) == 0
+    from_cli = load(tmp_path / "m.gps")
+    from_api = GPRegressor(progress=False).fit(X, y)
+    assert from_cli.method_ == from_api.method_ == "exact"
+    np.testing.assert_allclose(from_cli.predict(X, return_std=True), from_api.predict(X, return_std=True),
+                               rtol=1e-10)
+
+
+def test_summary_gives_hyperparameters_in_the_units_of_x_and_y():
+    X, y = data(200)
+    scale_x, scale_y = np.array([10.0, 0.1, 3.0]), 7.0
+    small = GPRegressor(method="exact", progress=False).fit(X, y)
+    big = GPRegressor(method="exact", progress=False).fit(X * scale_x, y * scale_y)
+    a, b = small.hyperparameters(), big.hyperparameters()
+    np.testing.assert_allclose(b["lengthscale"], a["lengthscale"] * scale_x, rtol=1e-5)
+    np.testing.assert_allclose(b["noise"], a["noise"] * scale_y**2, rtol=1e-5)
+    np.testing.assert_allclose(b["outputscale"], a["outputscale"] * scale_y**2, rtol=1e-5)
+    text = io.StringIO()
+    big.summary(file=text)
+    assert "final objective" in text.getvalue() and "noise (variance, units of y^2)" in text.getvalue()
+
+
+def test_a_loaded_model_summarises_as_the_fitted_one(tmp_path):
+    X, y = data(100)
+    reg = GPRegressor(progress=False).fit(X, y)
+    reg.save(tmp_path / "m.gps")
+    printed = []
+    for model in (reg, load(tmp_path / "m.gps")):
+        text = io.StringIO()
+        model.summary(file=text)
+        printed.append(text.getvalue())
+    assert printed[0] == printed[1] and "converged" in printed[0]

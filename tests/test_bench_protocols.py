@@ -72,8 +72,9 @@ LIBRARY_DEFAULTS = ("defaults", "method-defaults")
 
 @pytest.mark.parametrize("name", [name for name in ALL if name not in LIBRARY_DEFAULTS])
 def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move_them(name):
-    """Every trainable entry fixes its epochs (on every data set), and SoftKI its calibration: the library trains
-    to convergence and calibrates SoftKI's noise by default, the papers do neither."""
+    """Every trainable entry fixes its epochs (on every data set), SoftKI its calibration and SVGP and HVGP their
+    optimiser of q: the library trains to convergence, calibrates SoftKI's noise and takes natural-gradient steps
+    on q by default, the papers do none of these."""
     for spec in PROTOCOLS[name].methods:
         if spec.key != AUTO and not spec.key.startswith("gpytorch-") and not get_model_class(spec.key).trainable:
             continue
@@ -82,6 +83,8 @@ def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move
             assert "epochs" in options, (name, spec.name, dataset)
             if spec.key == "softki":
                 assert "calibrate_noise" in options, (name, spec.name)
+            if spec.key in ("svgp", "hvgp"):
+                assert "natural_gradients" in options, (name, spec.name)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -98,6 +98,39 @@ def test_svgp_at_the_optimal_q_attains_the_sgpr_bound_and_predicts_identically(d
         torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-10)
 
 
+def test_one_natural_gradient_step_of_size_one_on_the_full_batch_lands_on_the_optimal_q(data):
+    """With a Gaussian likelihood the ELBO is quadratic in q's natural parameters: a step of size 1 from any q
+    reaches SGPR's optimal q, whatever the batch split between the data term and the KL."""
+    X, y = data
+    Z = X[::3]
+    sgpr = build(SGPR, X, Z=Z, n_inducing=len(Z))
+    svgp = build(SVGP, X, Z=Z, n_inducing=len(Z), natgrad_step=1.0)
+    with torch.no_grad():
+        svgp.q_mu.normal_()
+        svgp.q_sqrt_raw.mul_(0.5)
+    svgp.natural_gradient_step(X, y, num_data=len(X))
+    q_mu, q_sqrt = sgpr.optimal_q(X, y)
+    torch.testing.assert_close(svgp.q_mu.detach(), q_mu, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(svgp.q_sqrt @ svgp.q_sqrt.T, q_sqrt @ q_sqrt.T, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(likelihood="robustmax", n_classes=3)], ids=["one", "multiclass"])
+def test_natural_gradient_steps_raise_the_elbo_of_blocks_and_latent_functions(data, options):
+    from gpscale.models.hvgp import HVGP
+
+    X, y = data
+    if options:
+        y = torch.bucketize(y, torch.quantile(y, torch.tensor([1 / 3, 2 / 3], dtype=y.dtype))).to(y.dtype)
+    model = HVGP(2, n_inducing=6, n_ways=1, natgrad_step=0.5, **options).double()
+    model.initialise(X, y)
+    assert model.blocks == 2 and (model.n_latent == 3) == bool(options)
+    before = model.elbo(X, y, num_data=len(X))
+    for _ in range(3):
+        model.natural_gradient_step(X, y, num_data=len(X))
+    assert model.elbo(X, y, num_data=len(X)) > before + 1.0
+    assert all(p is not model.q_mu and p is not model.q_sqrt_raw for p in model.parameter_groups()[0]["params"])
+
+
 def test_svgp_elbo_is_below_the_exact_evidence_for_any_q(data):
     X, y = data
     svgp = build(SVGP, X, Z=X[::2], n_inducing=30)

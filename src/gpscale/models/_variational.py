@@ -110,6 +110,33 @@ def _sum_blocks(V: Tensor) -> Tensor:
     return V.reshape(-1, V.shape[-1]).sum(0)
 
 
+def natural_gradient_update(m: Tensor, S_inv: Tensor, g_m: Tensor, data_term: Tensor, prior_precision: Tensor,
+                            rho: float) -> tuple[Tensor, Tensor, Tensor] | None:
+    """One natural-gradient step of size ``rho`` on q = N(m, S) [..., M] (float64, any leading axes), from the
+    ELBO's gradients (Salimbeni et al. 2018, spec odvff.md §5.2):
+
+        theta_1 = S^{-1} m + rho (g_m - 2 g_S m),    theta_2 = -1/2 S^{-1} + rho g_S,
+        S <- (-2 theta_2)^{-1},    m <- S theta_1,
+
+    where ``g_m`` = dELBO / dm (the KL's part included) and ``g_S = data_term + 1/2 (S^{-1} - K^{-1})``: S enters
+    the ELBO through the batch's variances, ``data_term = A diag(dELBO / dvar) A^T``, and the KL's ``tr(K^{-1} S)``
+    and ``log|S|``, with K^{-1} the ``prior_precision`` (I for a whitened q). A step whose -2 theta_2 is not positive
+    definite is halved, at most 10 times. Returns (m, lower L with L L^T = S, the new precision S^{-1}), or None when
+    every step failed."""
+    g_S = data_term + 0.5 * (S_inv - prior_precision)
+    g_S = 0.5 * (g_S + g_S.mT)
+    for _ in range(10):
+        theta_1 = (S_inv @ m.unsqueeze(-1)).squeeze(-1) + rho * (g_m - 2 * (g_S @ m.unsqueeze(-1)).squeeze(-1))
+        precision = S_inv - 2 * rho * g_S  # -2 theta_2
+        try:
+            L = inverse_cholesky(precision, what="new S^{-1}")
+        except NotPSDError:
+            rho /= 2
+            continue
+        return (L @ (L.mT @ theta_1.unsqueeze(-1))).squeeze(-1), L, precision
+    return None
+
+
 class VariationalGP(GPModel):
     """A GP with a whitened Gaussian q over inducing features, trained on the minibatch ELBO.
 
@@ -124,13 +151,23 @@ class VariationalGP(GPModel):
 
     Args:
         jitter: added to the diagonal of Kuu (absolute).
+        natural_gradients: move q(v) by natural-gradient steps (:meth:`natural_gradient_step`) before every Adam
+            step, and leave it out of Adam (default True). A natural-gradient step follows q's own geometry: with a
+            Gaussian likelihood, one step of size 1 on the full batch lands on the optimal q. Adam on the entries
+            of m and S (``False``, as the papers' baselines and GPyTorch's examples) needs thousands of steps.
+        natgrad_step: that step's size rho (default 0.1, for minibatches; see :func:`natural_gradient_update`).
     """
 
     likelihoods = ("gaussian", "bernoulli", "softmax", "robustmax")
 
-    def __init__(self, n_features: int, *, jitter: float = 1e-6, **kwargs):
+    def __init__(self, n_features: int, *, jitter: float = 1e-6, natural_gradients: bool = True,
+                 natgrad_step: float = 0.1, **kwargs):
         super().__init__(n_features, **kwargs)
+        if not 0 < natgrad_step <= 1:
+            raise ValueError(f"natgrad_step must be in (0, 1], got {natgrad_step}.")
         self.jitter = float(jitter)
+        self.natural_gradients = bool(natural_gradients)
+        self.natgrad_step = float(natgrad_step)
         self.n_latent = getattr(self.likelihood, "n_latent", 1)
         self.blocks: int | None = None
 
@@ -156,9 +193,10 @@ class VariationalGP(GPModel):
         eye = torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
         return cholesky(Kuu + self.jitter * eye, what="inducing covariance Kuu")
 
-    def prior_kl(self, q_sqrt: Tensor | None = None) -> Tensor:
+    def prior_kl(self, q_sqrt: Tensor | None = None, q_mu: Tensor | None = None) -> Tensor:
         q_sqrt = self.q_sqrt if q_sqrt is None else q_sqrt
-        return gauss_kl_whitened(self.q_mu.to(CORE), q_sqrt.to(CORE))
+        q_mu = self.q_mu if q_mu is None else q_mu
+        return gauss_kl_whitened(q_mu.to(CORE), q_sqrt.to(CORE))
 
     def conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance [c] (or [c, C]) of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)
@@ -206,16 +244,66 @@ class VariationalGP(GPModel):
         mean = torch.einsum("...mc,...m->c", Kuf, a.to(X.dtype))
         return mean, self.features.Kff_diag(X) + _sum_blocks(Kuf * (P.to(X.dtype) @ Kuf))
 
-    def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points."""
-        q_sqrt = self.q_sqrt
+    def elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor | None = None,
+             q_sqrt: Tensor | None = None) -> Tensor:
+        """Unbiased minibatch estimate of the ELBO of a set of ``num_data`` points, at q(v) = N(q_mu, q_sqrt
+        q_sqrt^T) (default: the model's)."""
+        q_mu = self.q_mu if q_mu is None else q_mu
+        q_sqrt = self.q_sqrt if q_sqrt is None else q_sqrt
         conditional = self.projected_conditional if self.projects(X) else self.conditional
-        mean, var = conditional(X, self.Lu(), self.q_mu, q_sqrt)
+        mean, var = conditional(X, self.Lu(), q_mu, q_sqrt)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()
-        return (num_data / X.shape[0]) * expected.to(CORE) - self.prior_kl(q_sqrt)
+        return (num_data / X.shape[0]) * expected.to(CORE) - self.prior_kl(q_sqrt, q_mu)
 
     def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+        if self.natural_gradients:  # q moves by natural-gradient steps alone: Adam needs no gradient for it
+            return -self.elbo(X, y, num_data, self.q_mu.detach(), self.q_sqrt.detach()) / num_data
         return -self.elbo(X, y, num_data) / num_data
+
+    def parameter_groups(self) -> list[dict]:
+        natural = {id(self.q_mu), id(self.q_sqrt_raw)} if self.natural_gradients else set()
+        return [{"params": [p for p in self.parameters() if p.requires_grad and id(p) not in natural]}]
+
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+                              share: float = 1.0) -> None:
+        """One natural-gradient step of size ``natgrad_step`` on every block's and latent function's whitened
+        q(v) = N(m, S), the rest fixed (:func:`natural_gradient_update` with K = I). With a = L^{-1} k_u(x) [(T,) m,
+        b], the batch's means are ``a^T m`` and its variances ``kff - |a|^2 + a^T S a``, summed over blocks, so
+        ``dELBO / dm = a g_mean - m`` and the data term of ``dELBO / dS`` is ``a diag(g_var) a^T``, where g_mean and
+        g_var are the expected log-likelihood's gradients with respect to the batch's means and variances. Under
+        data parallelism the global batch's gradients are the sum over processes of ``share`` times each
+        process's."""
+        if not self.natural_gradients:
+            return
+        with torch.no_grad():
+            Lu = self.Lu()
+            if isinstance(Lu, list):  # blocks placed on several devices (HVGP): the step runs on the batch's
+                Lu = torch.cat([part.to(X.device) for part in Lu])
+            m, L = self.q_mu.detach().to(CORE), self.q_sqrt.detach().to(CORE)
+        if X.shape[0]:
+            with torch.no_grad():
+                A = solve_lower(Lu, self.features.Kuf(X).to(CORE))  # [(T,) m, b]
+                mean, variance, nystrom = self.whitened_moments(A, m, L)
+            mean.requires_grad_(True)
+            variance.requires_grad_(True)
+            f_mean, f_var = self.marginals(X, mean, variance, nystrom)
+            expected = self.likelihood.expected_log_prob(y.to(CORE), f_mean, f_var).sum()
+            g_mean, g_var = torch.autograd.grad((num_data / X.shape[0]) * expected, [mean, variance])
+            if self.n_latent > 1:
+                A = A.unsqueeze(-3)  # shared by the C latent functions
+            g_m = share * (A * g_mean.unsqueeze(-2)).sum(-1)  # [(T,) (C,) m]
+            data_term = (A * (share * g_var).unsqueeze(-2)) @ A.mT  # [(T,) (C,) m, m]
+        else:  # none of the global batch's rows are here
+            g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
+        g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient
+        with torch.no_grad():
+            eye = torch.eye(m.shape[-1], dtype=CORE, device=m.device)
+            step = natural_gradient_update(m, torch.cholesky_inverse(L), g_m, data_term, eye, self.natgrad_step)
+            if step is None:
+                _warn_skipped_step(self.natgrad_step)
+                return
+            self.q_mu.copy_(step[0].to(self.q_mu))
+            self.q_sqrt_raw.copy_(step[1].to(self.q_sqrt_raw))
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
@@ -243,6 +331,12 @@ class VariationalGP(GPModel):
         if self.blocks is not None:
             mean = mean.sum(0)
         return PredictiveFactors(mean, A.reshape(-1, A.shape[-1]), SA.reshape(-1, SA.shape[-1]))
+
+
+def _warn_skipped_step(rho: float) -> None:
+    warnings.warn(f"A natural-gradient step on q was skipped: S would not stay positive definite even at 1/1024 of "
+                  f"the step. Pass a smaller natgrad_step (now {rho}) or a larger jitter.", NumericalWarning,
+                  stacklevel=4)
 
 
 class MeanWeights(NamedTuple):
@@ -377,20 +471,11 @@ class OrthogonallyDecoupledGP(GPModel):
     # --- natural gradients --------------------------------------------------------------------------------
     def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
                               share: float = 1.0) -> None:
-        """One natural-gradient step of size ``natgrad_step`` on q(beta) = N(m, S), the rest fixed (spec §5.2):
-
-            theta_1 = S^{-1} m + rho (g_m - 2 g_S m),    theta_2 = -1/2 S^{-1} + rho g_S,
-            S <- (-2 theta_2)^{-1},    m <- S theta_1,
-
-        with g_m, g_S the ELBO's gradients with respect to m and S. S enters the ELBO through the batch's variances
-        diag(A^T S A) and the KL's tr(Kbb^{-1} S) and log|S| alone, so
-
-            g_S = A diag(g_v) A^T - 1/2 Kbb^{-1} + 1/2 S^{-1},     g_v = dELBO / dvar  [b],
-
-        which takes one [M_b, b] x [b, M_b] product where autograd through S would form S and differentiate an
-        M_b x M_b solve. A step whose -2 theta_2 is not positive definite is halved, at most 10 times; then (m, S)
-        stay. Under data parallelism the global batch's gradients are the sum over processes of ``share`` times each
-        process's."""
+        """One natural-gradient step of size ``natgrad_step`` on q(beta) = N(m, S), the rest fixed
+        (:func:`natural_gradient_update`, with K = Kbb). S enters the ELBO through the batch's variances
+        diag(A^T S A), so its data term ``A diag(g_v) A^T`` (``g_v = dELBO / dvar`` [b]) takes one [M_b, b] x
+        [b, M_b] product where autograd through S would form S and differentiate an M_b x M_b solve. Under data
+        parallelism the global batch's gradients are the sum over processes of ``share`` times each process's."""
         if not self.natural_gradients:
             return
         with torch.no_grad():
@@ -410,27 +495,16 @@ class OrthogonallyDecoupledGP(GPModel):
             g_m, data_term = torch.zeros_like(m), torch.zeros(L.shape, dtype=CORE, device=L.device)
         g_m, data_term = comm.all_reduce_sum(g_m), comm.all_reduce_sum(data_term)
         with torch.no_grad():
-            m = m.detach()
-            S_inv = self._S_inverse(L)
             eye = torch.eye(L.shape[0], dtype=CORE, device=L.device)
-            g_S = data_term + 0.5 * (S_inv - Kbb.solve(eye))
-            g_S = 0.5 * (g_S + g_S.T)
-            rho = self.natgrad_step
-            for _ in range(10):
-                theta_1 = S_inv @ m + rho * (g_m - 2 * g_S @ m)
-                precision = S_inv - 2 * rho * g_S  # -2 theta_2
-                try:
-                    L_new = inverse_cholesky(precision, what="new S^{-1}")
-                except NotPSDError:
-                    rho /= 2
-                    continue
-                self.q_sqrt_raw.copy_(L_new.to(self.q_sqrt_raw))
-                self.q_mu.copy_((L_new @ (L_new.T @ theta_1)).to(self.q_mu))
-                self._precision = (self._q_sqrt_state(), precision)
+            step = natural_gradient_update(m.detach(), self._S_inverse(L), g_m, data_term, Kbb.solve(eye),
+                                           self.natgrad_step)
+            if step is None:
+                _warn_skipped_step(self.natgrad_step)
                 return
-        warnings.warn(f"A natural-gradient step on q(beta) was skipped: S would not stay positive definite even at "
-                      f"step {rho:.2g}. Pass a smaller natgrad_step (now {self.natgrad_step}) or a larger jitter.",
-                      NumericalWarning, stacklevel=3)
+            m_new, L_new, precision = step
+            self.q_sqrt_raw.copy_(L_new.to(self.q_sqrt_raw))
+            self.q_mu.copy_(m_new.to(self.q_mu))
+            self._precision = (self._q_sqrt_state(), precision)
 
     def _q_sqrt_state(self) -> tuple:
         raw = self.q_sqrt_raw

@@ -29,8 +29,11 @@ class CollapsedGP(GPModel):
     Args:
         solver: ``'cholesky'`` (the Gram matrix of K_uf whitened on the m x m core: fast), ``'qr'`` (TSQR of
             features whitened row by row: stable for tiny noise and in float32) or ``'auto'`` (default:
-            ``'cholesky'`` for float64 data, ``'qr'`` otherwise). Measured on pol (SGPR, m = 512, noise 0.018), the
-            float32 bound is off by 2.4e-4 relative with ``'cholesky'`` and by 5e-7 with ``'qr'``.
+            ``'cholesky'`` for the training objective on float64 data, ``'qr'`` otherwise and for the posterior
+            fit). Measured on pol (SGPR, m = 512, noise 0.018), the float32 bound is off by 2.4e-4 relative with
+            ``'cholesky'`` and by 5e-7 with ``'qr'``. Whitening the Gram matrix amplifies its rounding by cond(K_uu)^2,
+            which learned inducing points can make large: on Friedman #1 (n = 20,000) the converged model's
+            ``I + A / sigma^2`` needed jitter on the Cholesky path, where QR needs none.
         **kwargs: kernel, likelihood and chunking options of :class:`GPModel`.
     """
 
@@ -67,10 +70,13 @@ class CollapsedGP(GPModel):
 
         return phi
 
-    def collapse(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> tuple[Tensor, _linear.Collapsed]:
-        """Cholesky of Kuu and the collapsed posterior of the whitened inducing values."""
+    def collapse(self, X: Tensor, y: Tensor, comm: Comm = LOCAL,
+                 posterior: bool = False) -> tuple[Tensor, _linear.Collapsed]:
+        """Cholesky of Kuu and the collapsed posterior of the whitened inducing values (``posterior``: for the
+        posterior fit, where ``solver='auto'`` takes the stable QR path)."""
         Lu = self.Lu()
-        solver = self.solver if self.solver != "auto" else ("cholesky" if X.dtype == torch.float64 else "qr")
+        fast = X.dtype == torch.float64 and not posterior
+        solver = self.solver if self.solver != "auto" else ("cholesky" if fast else "qr")
         if solver == "qr":
             post = _linear.collapse_qr(self.features(Lu), X, y, self.noise, chunk_size=self.chunk_size,
                                        prior_diag=self.Kff_diag, comm=comm)
@@ -91,7 +97,7 @@ class CollapsedGP(GPModel):
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        Lu, post = self.collapse(X, y, comm)
+        Lu, post = self.collapse(X, y, comm, posterior=True)
         self.cache = {"Lu": Lu, "L_B": post.L_B, "w_mean": post.weight_mean}
 
     def optimal_q(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -38,6 +38,15 @@ def test_auto_follows_the_documented_rule(n, d, method):
     assert choose_method(n, d, "classification").method == "svgp"
 
 
+def test_auto_assumes_the_inducing_points_sgpr_and_svgp_default_to_and_counts_those_asked_for():
+    import inspect
+
+    for key in ("sgpr", "svgp"):
+        assert inspect.signature(get_model_class(key).__init__).parameters["n_inducing"].default == AUTO_INDUCING
+    assert choose_method(45_000, 20).method == "sgpr"
+    assert choose_method(45_000, 20, n_inducing=1024).method == "svgp"  # a dearer pass
+
+
 def test_auto_rejects_an_unknown_task():
     with pytest.raises(ValueError, match="task must be"):
         choose_method(10, 2, "ranking")
@@ -71,6 +80,15 @@ def test_a_fixed_number_of_epochs_trains_with_adam_at_the_tables_rate():
     given = resolve_training("svgp", False, epochs=None, lr=0.5, batch_size=7, max_steps=9, optimizer="adam")
     assert (given.lr, given.batch_size, given.max_steps, given.epochs) == (0.5, 7, 9, None)
     assert resolve_training("a-users-model", False).optimizer == "adam"  # not in the table: by full_batch
+
+
+def test_validation_or_a_checkpoint_trains_a_full_batch_method_with_adam():
+    watched = resolve_training("sgpr", True, watched=True)
+    assert watched.optimizer == "adam" and watched.epochs is None
+    X, y = data(80)
+    reg = GPRegressor(method="sgpr", n_inducing=10, val_fraction=0.25, progress=False).fit(X, y)
+    assert reg.fit_result_.settings.optimizer == "adam" and reg.fit_result_.converged is not None
+    assert any("val_nlpd" in h for h in reg.fit_result_.history)
 
 
 def test_the_command_line_and_the_api_fit_the_same_model_from_the_same_defaults(tmp_path):

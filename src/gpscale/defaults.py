@@ -80,20 +80,23 @@ _MINIBATCH = TrainingDefaults("adam", lr=0.01, max_steps=5000)
 _NATURAL = TrainingDefaults("adam", lr=0.1, max_steps=5000)
 
 # Per method; a method missing here (a user's registered model) takes _FULL_BATCH or _MINIBATCH by its full_batch.
+# Where a step is dear, the cap keeps a default fit of 50,000 rows of 20 features near 10 minutes on a 2-core CPU;
+# the comments give the CPU seconds of one step at the defaults on 44,000 random rows of 20 features, one thread
+# (`gpscale step-time METHOD --d 20 --batch-size 1024` for the minibatch methods).
 TRAINING: dict[str, TrainingDefaults] = {
     "exact": _FULL_BATCH,
-    "sgpr": _FULL_BATCH,
-    "vff": _FULL_BATCH,
-    "grief": _FULL_BATCH,
-    # a network takes smaller Adam steps than a kernel's few hyperparameters (the DBK paper's 1e-3)
-    "dbk": TrainingDefaults("lbfgs", lr=1e-3, max_steps=1000),
-    "svdbk": TrainingDefaults("adam", lr=1e-3, batch_size=256, max_steps=5000),
-    "svgp": _NATURAL,
-    "softki": _MINIBATCH,
-    "hvgp": _NATURAL,
-    "vff-svgp": _MINIBATCH,
-    "odvgp": _MINIBATCH,
-    "odvff": _MINIBATCH,
+    "sgpr": _FULL_BATCH,  # 3.5 s a step at that size; method="auto" caps it by a budget of work (below)
+    "vff": TrainingDefaults("lbfgs", lr=0.1, max_steps=100),  # 7.4 s a step (1,300 additive features)
+    "grief": TrainingDefaults("lbfgs", lr=0.1, max_steps=100),  # 8.7 s a step (p = 1,000); the paper's 100
+    # a network takes smaller Adam steps than a kernel's few hyperparameters (the DBK paper's 1e-3); 0.9 s a step
+    "dbk": TrainingDefaults("lbfgs", lr=1e-3, max_steps=500),
+    "svdbk": TrainingDefaults("adam", lr=1e-3, batch_size=256, max_steps=20_000),  # 0.007 s a step of 256 rows
+    "svgp": _NATURAL,  # 0.20 s a step
+    "softki": _MINIBATCH,  # 0.11 s a step
+    "hvgp": TrainingDefaults("adam", lr=0.1, max_steps=400),  # 1.7 s a step (8 blocks of 128 points, orbits of 8)
+    "vff-svgp": _MINIBATCH,  # 0.14 s a step
+    "odvgp": _MINIBATCH,  # 0.03 s a step
+    "odvff": TrainingDefaults("adam", lr=0.01, max_steps=500),  # 1.1 s a step (F = 16 per input, M_g = 300)
 }
 
 
@@ -114,13 +117,14 @@ class Training:
 
 
 def resolve_training(key: str, full_batch: bool, *, epochs: int | None = None, max_steps: int | None = None,
-                     optimizer: str | None = None, lr: float | None = None,
-                     batch_size: int | None = None) -> Training:
+                     optimizer: str | None = None, lr: float | None = None, batch_size: int | None = None,
+                     watched: bool = False) -> Training:
     """Fill in what the caller left as None from the table: the optimiser is the table's for training to
-    convergence and Adam for a fixed number of epochs."""
+    convergence, and Adam for a fixed number of epochs or when training is ``watched`` (validation or checkpoints,
+    which L-BFGS does not support)."""
     row = training_defaults(key, full_batch)
     if optimizer is None:
-        optimizer = row.optimizer if epochs is None else "adam"
+        optimizer = row.optimizer if epochs is None and not watched else "adam"
     return Training(epochs=epochs, max_steps=row.max_steps if max_steps is None else max_steps,
                     optimizer=optimizer, lr=row.lr if lr is None else lr,
                     batch_size=row.batch_size if batch_size is None else batch_size)
@@ -151,9 +155,10 @@ class Choice:
     max_steps: int | None = None
 
 
-def choose_method(n: int, d: int, task: str = "regression") -> Choice:
+def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | None = None) -> Choice:
     """The method ``method="auto"`` fits to n rows of d features; ``task`` is ``"regression"`` or
-    ``"classification"``.
+    ``"classification"``; ``n_inducing``, the inducing points the caller asked for (None: 512), enters the cost of a
+    pass.
 
     - classification: ``svgp``, the variational method with every likelihood (probit, robust-max, softmax);
     - n <= 2,000: ``exact``, the exact GP, whose O(n^3) fit still takes under a minute;
@@ -168,7 +173,7 @@ def choose_method(n: int, d: int, task: str = "regression") -> Choice:
         raise ValueError(f"task must be 'regression' or 'classification', got {task!r}.")
     if n <= AUTO_EXACT_MAX_N:
         return Choice("exact", f"n = {n:,} <= {AUTO_EXACT_MAX_N:,}: the exact GP fits in under a minute")
-    m = min(AUTO_INDUCING, n)
+    m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)
     work = n * m * (m + d)
     if work <= AUTO_COLLAPSED_MAX_WORK:
         steps = min(TRAINING["sgpr"].max_steps, int(AUTO_COLLAPSED_BUDGET // work))

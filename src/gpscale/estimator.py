@@ -122,9 +122,9 @@ class _GPEstimator(BaseEstimator):
         n, x_mean, x_std = _global_moments(X, comm)
         x_std = _safe_std(x_std)
         if self.method == "auto":
-            choice = choose_method(n, X.shape[1], self._task)
+            choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing)
         else:
-            choice = Choice(self.method, "given as method=")
+            choice = Choice(self.method, "named by the caller")
         cls = get_model_class(choice.method)
         options = self._model_options(cls, n, common, choice)
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
@@ -292,7 +292,7 @@ class _GPEstimator(BaseEstimator):
                            for k, v in model.cache.items()}
             est.model_ = model.eval()
             est.method_ = method
-            est.method_reason_ = header.get("method_reason", "given as method=")
+            est.method_reason_ = header.get("method_reason", "named by the caller")
             est.training_ = header.get("training", {"trainable": model.trainable, "optimizer": "adam",
                                                     "epochs": params.get("epochs"), "max_steps": None,
                                                     "steps": None, "converged": None, "final_objective": math.nan,
@@ -338,8 +338,9 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         L-BFGS for full-batch methods and Adam with a step-down schedule for minibatch methods. An int: that many
         passes over the data with Adam (one step per pass for full-batch methods).
     max_steps : int or None, default=None
-        The cap of training to convergence, in optimiser steps. None: the method's (1,000 L-BFGS iterations or
-        5,000 Adam steps).
+        The cap of training to convergence, in optimiser steps. None: the method's (``gpscale.defaults.TRAINING``:
+        1,000 L-BFGS iterations or 5,000 Adam steps, fewer where a step is dear; ``"auto"``'s SGPR a budget of
+        work).
     batch_size, lr : int or None, float or None, default=None
         Minibatch size (minibatch methods) and Adam's learning rate. None: the method's defaults.
     optimizer : {None, "adam", "lbfgs"}, default=None

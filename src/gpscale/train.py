@@ -111,7 +111,8 @@ def fit(
             handful of kernel hyperparameters. It uses neither ``lr`` nor ``schedule``, and supports neither
             validation (``val_fraction``) nor checkpoints. Points where the loss cannot be evaluated (a failed
             Cholesky) make the line search backtrack; the best point evaluated is kept. None: the method's
-            optimiser for training to convergence, and Adam for a fixed number of epochs.
+            optimiser for training to convergence, and Adam for a fixed number of epochs, with validation or with
+            a checkpoint.
         schedule: ``None``/``'constant'``, ``'cosine'`` (annealed to 0 over ``epochs``), or a callable
             ``(optimizer, epochs) -> scheduler`` stepped once per epoch; only with a fixed ``epochs`` (training to
             convergence steps the learning rate down on plateaus itself).
@@ -148,7 +149,8 @@ def fit(
     The posterior is fitted on all of (X, y), the validation rows included.
     """
     settings = resolve_training(model.key, model.full_batch, epochs=epochs, max_steps=max_steps,
-                                optimizer=optimizer, lr=lr, batch_size=batch_size)
+                                optimizer=optimizer, lr=lr, batch_size=batch_size,
+                                watched=val_fraction > 0 or checkpoint is not None)
     _check_positive(epochs=settings.epochs, max_steps=settings.max_steps, batch_size=settings.batch_size,
                     lr=settings.lr, patience=patience, val_every=val_every)
     _check_optimizer(settings.optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)

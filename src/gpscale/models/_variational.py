@@ -113,7 +113,7 @@ def _sum_blocks(V: Tensor) -> Tensor:
 def natural_gradient_update(m: Tensor, S_inv: Tensor, g_m: Tensor, data_term: Tensor, prior_precision: Tensor,
                             rho: float) -> tuple[Tensor, Tensor, Tensor] | None:
     """One natural-gradient step of size ``rho`` on q = N(m, S) [..., M] (float64, any leading axes), from the
-    ELBO's gradients (Salimbeni et al. 2018, spec odvff.md §5.2):
+    ELBO's gradients (Salimbeni, Eleftheriadis & Hensman, "Natural gradients in practice", AISTATS 2018):
 
         theta_1 = S^{-1} m + rho (g_m - 2 g_S m),    theta_2 = -1/2 S^{-1} + rho g_S,
         S <- (-2 theta_2)^{-1},    m <- S theta_1,

@@ -596,7 +596,8 @@ class GRIEF(GPModel):
         return GridSpectrum(Q=Q, idxs=self.cache["idxs"], logl=self.cache["logl"])
 
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Mean ``phi*^T P^{-1} r`` and covariance ``sigma^2 phi*^T P^{-1} phi*'`` (spec §3.8 with W = I)."""
+        """Mean ``phi*^T P^{-1} r`` and covariance ``sigma^2 phi*^T P^{-1} phi*'``, with ``P = sigma^2 I + A`` and
+        ``r = Phi^T y`` (the posterior of the weights of the features Phi)."""
         Phi = self.feature_map(self.cached_spectrum())(X)
         return _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
 

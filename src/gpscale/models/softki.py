@@ -242,6 +242,7 @@ class SoftKI(GPModel):
         return _linear.evidence_maximising_noise(stats, *self.noise_search_bounds(float(stats.yy) / stats.n))
 
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Latent mean ``w(x*)^T L_zz E[v]`` and covariance ``U^T U``, ``U = L_B^{-1} L_zz^T w(x*)`` (spec §5.3)."""
+        """Latent mean ``w(x*)^T L_zz E[v]`` and covariance ``U^T U``, ``U = L_B^{-1} L_zz^T w(x*)``, where v are
+        the whitened weights of the features ``L_zz^T w(x)`` and ``L_B L_B^T`` their posterior precision."""
         Phi = self.features(self.cache["Lzz"])(X)  # [c, m]
         return _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)

@@ -268,6 +268,20 @@ def test_papers_training_seconds_get_a_column_beside_ours(runs):
     assert cells["sgpr"][-1] == "88.8 ± 0.4" and cells["svgp"][-1] == "–"
 
 
+def test_runs_trained_to_convergence_show_their_steps_and_auto_runs_the_method_they_fitted(runs):
+    converged = [dict(r, steps=100 + 10 * i, converged=int(i != 1), fitted_method="sgpr" if r["method"] == "sgpr"
+                      else None) for i, r in enumerate(runs)]
+    header, _, *lines = markdown_table(summarise(converged), "pol").splitlines()
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[-2:] == ["steps (converged)", "fitted"]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines}
+    for method in ("sgpr", "svgp"):
+        mine = [r for r in converged if r["method"] == method and r["dataset"] == "pol" and r["status"] == "ok"]
+        steps = np.mean([r["steps"] for r in mine])
+        assert cells[method][-2] == f"{steps:.0f} ({sum(r['converged'] for r in mine)}/{len(mine)})"
+    assert cells["sgpr"][-1] == "sgpr" and cells["svgp"][-1] == "–"
+
+
 def test_tables_without_published_original_units_or_seconds_have_no_extra_columns(report):
     header = re.search(r"^### pol\n\n(\|.*)\n", report.read_text(encoding="utf-8"), flags=re.M).group(1)
     assert "RMSE (y units)" not in header and "paper train s" not in header and header.count("|") == 13

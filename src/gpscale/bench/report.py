@@ -6,7 +6,8 @@ compared with the GPyTorch peer of the same method (``sgpr`` with ``gpytorch-sgp
 seconds per epoch measured in the same benchmark run. A paper that reports RMSE in the units of y (published
 ``rmse_original``, e.g. GP-GRIEF's Table 1) gets two more columns: our ``rmse_original`` beside the paper's. A paper
 that reports total training seconds (published ``train_seconds``, e.g. the Deep Basis Kernel paper's Table 1) gets
-a column of them beside our ``train s``.
+a column of them beside our ``train s``. Runs trained to convergence get a column of their optimiser steps and how
+many converged before the cap, and runs of ``method="auto"`` one naming the method it fitted.
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ def _summarise_group(key: tuple[str, str, str], group: list[dict]) -> dict:
     row["calibration"] = _mean_calibration(group)
     known = PROTOCOLS.get(protocol)
     row["published"] = dict(known.published.get((method, dataset), {})) if known else {}
+    row["fitted_methods"] = _unique(run.get("fitted_method") for run in group)
+    row["steps_mean"], _ = _mean_std([run.get("steps") for run in group if run.get("converged") is not None])
+    row["converged_runs"] = sum(1 for run in group if run.get("converged"))
     return row
 
 
@@ -134,6 +138,8 @@ def _bold_if(text: str, condition: bool) -> str:
 TABLE_HEADER = ("method", "runs", "RMSE", "NLPD", "95% cov.", "train s", "s/epoch", "time vs GPyTorch", "peak MB",
                 "paper RMSE", "paper NLPD", "paper s/epoch")
 PAPER_TRAIN_SECONDS_HEADER = ("paper train s",)
+CONVERGENCE_HEADER = ("steps (converged)",)
+FITTED_HEADER = ("fitted",)
 ORIGINAL_UNITS_HEADER = ("RMSE (y units)", "paper RMSE (y units)")
 CLASSIFICATION_HEADER = ("accuracy",)
 
@@ -149,10 +155,13 @@ def markdown_table(summary_rows: list[dict], dataset: str) -> str:
     paper_seconds = any("train_seconds" in r["published"] for r in rows)
     original = any("rmse_original" in r["published"] for r in rows)
     classification = any(r["accuracy_mean"] is not None for r in rows)
+    converging = any(r["steps_mean"] is not None for r in rows)
+    fitted = any(r["fitted_methods"] for r in rows)
     scored = ("rmse", "nlpd", "rmse_original") if original else ("rmse", "nlpd")
     best = {metric: _best(rows, metric) for metric in scored}
     header = (TABLE_HEADER + (PAPER_TRAIN_SECONDS_HEADER if paper_seconds else ())
-              + (ORIGINAL_UNITS_HEADER if original else ()) + (CLASSIFICATION_HEADER if classification else ()))
+              + (ORIGINAL_UNITS_HEADER if original else ()) + (CLASSIFICATION_HEADER if classification else ())
+              + (CONVERGENCE_HEADER if converging else ()) + (FITTED_HEADER if fitted else ()))
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         accuracy = {m: _bold_if(_mean_pm_std(row, m), row[f"{m}_mean"] is not None and row[f"{m}_mean"] == best[m])
@@ -168,6 +177,11 @@ def markdown_table(summary_rows: list[dict], dataset: str) -> str:
             cells += [accuracy["rmse_original"], _published(row["published"], "rmse_original")]
         if classification:
             cells.append(_mean_pm_std(row, "accuracy"))
+        if converging:
+            cells.append(DASH if row["steps_mean"] is None else
+                         f"{row['steps_mean']:.0f} ({row['converged_runs']}/{row['n_splits']})")
+        if fitted:
+            cells.append(", ".join(row["fitted_methods"]) or DASH)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, get_protocol
-from gpscale.bench.runner import AUTO, TRAINING_OPTIONS, _training_identity
+from gpscale.bench.runner import ESTIMATOR, TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
@@ -37,7 +37,7 @@ def test_method_keys_are_models_or_peers(name):
     for spec in PROTOCOLS[name].methods:
         if spec.key.startswith("gpytorch-"):
             assert peers is None or spec.key in peers, (name, spec.key)
-        elif spec.key != AUTO:
+        elif spec.key != ESTIMATOR:
             assert spec.key in ours, (name, spec.key)
 
 
@@ -53,7 +53,7 @@ def test_model_options_are_accepted(name):
         if spec.key.startswith("gpytorch-"):  # the peers train for a fixed budget: no validation options
             assert set(spec.options) <= {"epochs", "batch_size", "lr", "n_inducing", "kernel"}, (name, spec.name)
             continue
-        if spec.key == AUTO:  # GPRegressor(method="auto", **options): its parameters or any method's options
+        if spec.key == ESTIMATOR:  # GPRegressor(**options): its parameters or any method's options
             from gpscale import GPRegressor
             GPRegressor().set_params(**spec.options)
             continue
@@ -76,7 +76,7 @@ def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move
     optimiser of q: the library trains to convergence, calibrates SoftKI's noise and takes natural-gradient steps
     on q by default, the papers do none of these."""
     for spec in PROTOCOLS[name].methods:
-        if spec.key != AUTO and not spec.key.startswith("gpytorch-") and not get_model_class(spec.key).trainable:
+        if spec.key != ESTIMATOR and not spec.key.startswith("gpytorch-") and not get_model_class(spec.key).trainable:
             continue
         for dataset in PROTOCOLS[name].datasets:  # as the runner merges the options per data set
             options = {**spec.options, **spec.dataset_overrides.get(dataset, {})}

@@ -166,7 +166,7 @@ def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
 
 
 def test_an_auto_entry_runs_the_estimator_with_its_defaults_and_records_what_it_chose(tmp_path):
-    protocol = replace(TINY, methods=(MethodSpec("auto", {}, label="default"),), datasets={"friedman1": (0,)})
+    protocol = replace(TINY, methods=(MethodSpec("estimator", {}, label="default"),), datasets={"friedman1": (0,)})
     (run,) = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lambda _: None)).runs()
     assert run["status"] == "ok" and run["fitted_method"] == "exact" and run["converged"] == 1
     assert run["steps"] == run["epochs"] > 0 and run["coverage"] > 0.8  # one record per L-BFGS iteration

@@ -265,7 +265,8 @@ def test_lbfgs_to_convergence_stops_before_the_cap_and_says_so():
     assert result.settings.optimizer == "lbfgs" and result.settings.epochs is None
     assert result.converged and result.steps < result.settings.max_steps
     capped = fit(sgpr(learn_inducing=False), X, y, max_steps=3, progress=False)
-    assert capped.converged is False and capped.steps == 3
+    # 3 iterations and 3 evaluations of the loss at most: the first line search may take two
+    assert capped.converged is False and 0 < capped.steps <= 3
 
 
 def test_adam_to_convergence_steps_the_learning_rate_down_and_stops_on_the_plateau():

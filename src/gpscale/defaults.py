@@ -13,9 +13,17 @@ Two ways to train:
   scipy's L-BFGS-B, which needs no learning rate and converges in tens to hundreds of iterations; minibatch
   methods use Adam with a step-down schedule on plateaus (natural-gradient steps for q where the model takes
   them). The cap counts optimiser steps, not passes over the data, so a small data set gets as many steps as a
-  large one.
+  large one; an L-BFGS fit also stops after ``max_steps`` evaluations of the objective, because its line search
+  may take several (each a pass over the data) in one iteration near the optimum.
 - ``epochs=N``: N passes over the data with Adam at the table's learning rate (one step per pass for full-batch
   methods), as gpscale has always trained: what the paper protocols pin.
+
+The estimators also start the lengthscale(s) of a stationary kernel (RBF, Matérn) at the median distance between
+training rows, unless given ``lengthscale=`` or a kernel object
+(:meth:`~gpscale.models.base.GPModel.start_lengthscale_at_median`). The models' own default, ln 2 as GPyTorch's,
+suits a few standardised inputs; over many, typical rows lie so far apart in its units that the kernel between
+them underflows, and L-BFGS, seeing no gradient, stops where the model explains nothing: on skillcraft (19 inputs,
+split 0) SGPR stopped after 21 steps at test RMSE 0.978 (the mean's), and from the median after 56 at 0.608.
 """
 from __future__ import annotations
 

@@ -128,6 +128,8 @@ class _GPEstimator(BaseEstimator):
         cls = get_model_class(choice.method)
         options = self._model_options(cls, n, common, choice)
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
+        if "lengthscale" not in options and not isinstance(options.get("kernel"), Kernel):
+            model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
         max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
         result = fit(model, torch.tensor((X - x_mean) / x_std, dtype=dtype, device=device),

@@ -102,8 +102,8 @@ def fit(
             ``convergence`` (:class:`~gpscale.defaults.Convergence`), for at most ``max_steps`` optimiser steps.
             An int: that many passes over the data (for full-batch models one Adam step each; with
             ``optimizer="lbfgs"``, at most that many L-BFGS iterations).
-        max_steps: the cap of training to convergence, in optimiser steps (Adam steps or L-BFGS iterations);
-            ignored with a fixed ``epochs``. None: the method's default.
+        max_steps: the cap of training to convergence, in optimiser steps (Adam steps, or L-BFGS iterations and
+            evaluations of the loss); ignored with a fixed ``epochs``. None: the method's default.
         batch_size: minibatch size for minibatch models; batches are reshuffled every epoch. None: the method's.
         lr: Adam learning rate. None: the method's default.
         optimizer: ``"adam"``, or ``"lbfgs"`` (scipy's L-BFGS-B, full-batch models only): quasi-Newton steps to
@@ -312,7 +312,8 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
 def _optimise_lbfgs(model, X, y, result, settings: Training, convergence: Convergence, *, progress,
                     comm=LOCAL) -> None:
     """L-BFGS-B on the full-batch loss; one history record per iteration. With ``settings.epochs`` None it runs to
-    scipy's convergence tests or the plateau rule, at most ``settings.max_steps`` iterations. Under data
+    scipy's convergence tests or the plateau rule, at most ``settings.max_steps`` iterations and as many evaluations
+    of the loss. Under data
     parallelism each rank's share is 1/W of the loss, whose statistics the model all-reduces, and lbfgs sums the
     shares' gradients."""
     model.clear_cache()
@@ -338,11 +339,12 @@ def _optimise_lbfgs(model, X, y, result, settings: Training, convergence: Conver
 
     objective, n = _Objective(model), Shard.of(X.shape[0], comm).n_global
     fitted = lbfgs.minimise(lambda: objective(X, y, n, 1.0 / comm.world_size, comm), params,
-                            max_iterations=iterations, callback=record, comm=comm)
+                            max_iterations=iterations, max_evaluations=iterations if converging else 15000,
+                            callback=record, comm=comm)
     bar.close()
     model.eval()
     if converging:
-        result.converged = fitted.iterations < iterations
+        result.converged = fitted.iterations < iterations and fitted.evaluations < iterations
     if not fitted.evaluated:
         raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
 

@@ -147,7 +147,7 @@ register_protocol(Protocol(
                 "generated Friedman #1 (20,000 training rows, d = 10) and eleven UCI sets of 768 to 48,827 rows and "
                 "5 to 26 features, splits 0-2.",
     methods=(
-        MethodSpec("auto", {}, label="gpscale-default"),
+        MethodSpec("estimator", {}, label="gpscale-default"),
         MethodSpec("gpytorch-svgp", GPYTORCH_SVGP_PAPER, label="gpytorch-svgp-512"),
         MethodSpec("gpytorch-exact", GPYTORCH_EXACT_TUTORIAL, max_n=5000),
     ),
@@ -158,7 +158,7 @@ register_protocol(Protocol(
 ))
 
 
-# Every method as the library gives it, gpscale.train.fit's and the model's defaults and nothing else: the accuracy,
+# Every method as the library gives it, GPRegressor(method=...) and nothing else: the accuracy,
 # the calibration of the 95% interval and the time of a fit, from a small set to the size of keggdirected (43,945
 # training rows of 20 features, about the 50,000 x 20 the library promises to fit in minutes).
 METHOD_DEFAULTS_SETS = ("concrete", "elevators", "keggdirected")
@@ -169,7 +169,7 @@ register_protocol(Protocol(
     description="Every method with its defaults (trained to convergence; the exact GP only up to 5,000 rows) on "
                 "concrete (927 training rows, d = 8), elevators (14,940, d = 18) and keggdirected (43,945, "
                 "d = 20), split 0.",
-    methods=tuple(MethodSpec(key, {}, max_n=5000 if key == "exact" else None)
+    methods=tuple(MethodSpec("estimator", {"method": key}, label=key, max_n=5000 if key == "exact" else None)
                   for key in ("exact", "sgpr", "svgp", "softki", "grief", "grief-i", "dbk", "svdbk", "hvgp", "vff",
                               "vff-svgp", "odvgp", "odvff")),
     datasets={name: None for name in METHOD_DEFAULTS_SETS},

@@ -41,8 +41,9 @@ __all__ = ["run_protocol", "run_one", "machine_info"]
 
 # for gpscale.train.fit
 TRAINING_OPTIONS = ("epochs", "max_steps", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
-# a method entry with this key runs gpscale.GPRegressor(method="auto", **options): the library as a user gets it
-AUTO = "auto"
+# a method entry with this key runs gpscale.GPRegressor(**options) (method "auto" unless the options name one): the
+# library as a user gets it
+ESTIMATOR = "estimator"
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -127,7 +128,7 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             if spec.key.startswith("gpytorch-"):
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
-            elif spec.key == AUTO:
+            elif spec.key == ESTIMATOR:
                 predict, seconds_per_epoch, epochs, fitted = _run_estimator({**options, **train}, Xtr, ytr, seed,
                                                                             progress, comm)
                 record.update(fitted)
@@ -149,7 +150,7 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
         record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
-        if trained is not None and reused is None and not spec.key.startswith("gpytorch-") and spec.key != AUTO:
+        if trained is not None and reused is None and not spec.key.startswith("gpytorch-") and spec.key != ESTIMATOR:
             trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
                                                         "peak_memory_mb": peak_mb}
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
@@ -187,7 +188,7 @@ def _warm_up(specs, dtype, device) -> None:
 
     tiny = load("friedman1", n=200)
     for spec in specs:
-        quick = {} if spec.key.startswith("gpytorch-") or spec.key == AUTO else \
+        quick = {} if spec.key.startswith("gpytorch-") or spec.key == ESTIMATOR else \
             get_model_class(spec.key).warm_up_options
         options = {**spec.options, "epochs": 1, **quick}
         with warnings.catch_warnings():  # e.g. a short chain's R-hat: nothing about the timed runs
@@ -223,14 +224,14 @@ def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
 
 
 def _run_estimator(options, X, y, seed, progress, comm=LOCAL):
-    """``GPRegressor(method="auto", **options)`` on (X, y), as a user fits it: the estimator chooses the method,
-    scales the data (already standardised here, so its scaling changes nothing but round-off) and trains with the
-    library's defaults. Returns (predict, seconds per epoch, epochs, what the record adds: the method fitted, its
-    optimiser steps and whether training converged)."""
+    """``GPRegressor(**options)`` on (X, y), as a user fits it: the estimator chooses the method (unless the
+    options name one), scales the data (already standardised here, so its scaling changes nothing but round-off)
+    and trains with the library's defaults. Returns (predict, seconds per epoch, epochs, what the record adds: the
+    method fitted, its optimiser steps and whether training converged)."""
     from ..estimator import GPRegressor
 
-    est = GPRegressor(method="auto", seed=seed, progress=progress, dtype=_DTYPE_NAMES[X.dtype],
-                      distributed=comm.world_size > 1, **options)
+    est = GPRegressor(**{"seed": seed, "progress": progress, "dtype": _DTYPE_NAMES[X.dtype],
+                         "distributed": comm.world_size > 1, **options})
     est.fit(X.cpu().numpy(), y.cpu().numpy())
 
     def predict(Xs):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..kernels import SOFTPLUS_ZERO, Kernel, inverse_softplus, make_kernel, median_distance
+from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods",
@@ -150,6 +150,13 @@ class GPModel(nn.Module):
                 ls = inverse_softplus(median_distance(X, seed=seed))
                 self.kernel.raw_lengthscale.fill_(ls.item())
         self.init(X, y, seed)
+
+    def start_lengthscale_at_median(self) -> bool:
+        """Have :meth:`initialise` start the lengthscale(s) at the median distance between training rows (as
+        ``lengthscale='median'``) if the kernel is stationary on the joint distance between inputs (RBF, Matérn);
+        returns whether it will. What :class:`~gpscale.GPRegressor` does when it is given no lengthscale."""
+        self.median_lengthscale = self.median_lengthscale or isinstance(self.kernel, Stationary)
+        return self.median_lengthscale
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""

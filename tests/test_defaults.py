@@ -8,8 +8,9 @@ import pytest
 
 from gpscale import GPClassifier, GPRegressor, load
 from gpscale.cli import main
+from gpscale import defaults
 from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_N, AUTO_INDUCING, TRAINING, choose_method,
-                              resolve_training)
+                              resolve_training, sgpr_max_steps)
 from gpscale.models import available_methods, get_model_class
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -130,3 +131,14 @@ def test_a_loaded_model_summarises_as_the_fitted_one(tmp_path):
         model.summary(file=text)
         printed.append(text.getvalue())
     assert printed[0] == printed[1] and "converged" in printed[0]
+
+
+def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
+    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20).max_steps == 116  # 1.4e12 / (n 512 532)
+    assert sgpr_max_steps(3_000, 8) == TRAINING["sgpr"].max_steps  # a cheap pass: the table's cap binds
+    assert sgpr_max_steps(43_945, 20, n_inducing=1024) < sgpr_max_steps(43_945, 20)
+    monkeypatch.setattr(defaults, "SGPR_WORK_BUDGET", 1e8)  # so that a small fit meets it: 300 x 50 x 53 a pass
+    X = np.random.default_rng(0).normal(size=(300, 3))
+    for params in ({"method": "sgpr", "n_inducing": 50}, {"method": "sgpr", "n_inducing": 50, "max_steps": 7}):
+        reg = GPRegressor(progress=False, **params).fit(X, X.sum(1))
+        assert reg.training_["max_steps"] == params.get("max_steps", 125)

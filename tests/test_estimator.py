@@ -172,6 +172,19 @@ def test_fit_copies_a_kernel_object_and_the_trained_copy_is_kernel_():
     assert f"{reg.kernel_.outputscale.item():.4g}" in shown
 
 
+def test_the_lengthscales_start_at_the_median_distance_unless_given():
+    from gpscale.kernels import median_distance
+
+    X, y = data()
+    X = X * np.array([1.0, 30.0, 0.01])  # standardised by the estimator: the median is of the standardised rows
+    Z = torch.tensor((X - X.mean(0)) / X.std(0))
+    barely = dict(method="exact", epochs=1, lr=1e-9, progress=False)  # one Adam step that moves nothing
+    start = GPRegressor(**barely).fit(X, y).model_.kernel.lengthscale.detach()
+    torch.testing.assert_close(start, torch.full_like(start, median_distance(Z)), rtol=1e-6, atol=0)
+    given = GPRegressor(lengthscale=0.3, **barely).fit(X, y).model_.kernel.lengthscale.detach()
+    torch.testing.assert_close(given, torch.full_like(given, 0.3), rtol=1e-6, atol=0)
+
+
 def test_every_method_option_is_a_parameter_for_set_params_clone_and_grid_search():
     from sklearn.model_selection import GridSearchCV
 

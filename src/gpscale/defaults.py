@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass
 
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "TRAINING", "training_defaults", "resolve_training",
-           "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_COLLAPSED_MAX_WORK", "Training"]
+           "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_COLLAPSED_MAX_WORK", "Training",
+           "sgpr_max_steps"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class TrainingDefaults:
             ``epochs`` always trains with Adam unless ``optimizer`` is given.
         lr: Adam's learning rate.
         batch_size: rows per Adam step (minibatch methods; full-batch methods use every row).
-        max_steps: the cap of training to convergence, in optimiser steps (L-BFGS iterations or Adam steps).
+        max_steps: the cap of training to convergence, in optimiser steps (Adam steps, or L-BFGS iterations and
+            evaluations of the loss).
     """
 
     optimizer: str
@@ -93,7 +95,7 @@ _NATURAL = TrainingDefaults("adam", lr=0.1, max_steps=5000)
 # (`gpscale step-time METHOD --d 20 --batch-size 1024` for the minibatch methods).
 TRAINING: dict[str, TrainingDefaults] = {
     "exact": _FULL_BATCH,
-    "sgpr": _FULL_BATCH,  # 3.5 s a step at that size; method="auto" caps it by a budget of work (below)
+    "sgpr": _FULL_BATCH,  # 3.5 s a step at that size; the estimators cap it by a budget of work (below)
     "vff": TrainingDefaults("lbfgs", lr=0.1, max_steps=100),  # 7.4 s a step (1,300 additive features)
     "grief": TrainingDefaults("lbfgs", lr=0.1, max_steps=100),  # 8.7 s a step (p = 1,000); the paper's 100
     # a network takes smaller Adam steps than a kernel's few hyperparameters (the DBK paper's 1e-3); 0.9 s a step
@@ -148,9 +150,17 @@ AUTO_EXACT_MAX_N = 2000
 AUTO_INDUCING = 512
 # the largest n m (m + d) for which sgpr is chosen: 50,000 rows with 20 features at m = 512
 AUTO_COLLAPSED_MAX_WORK = 50_000 * AUTO_INDUCING * (AUTO_INDUCING + 20)
-# the multiply-adds of the passes auto's sgpr may take in all: about 4 minutes of the 2-core CPU above (kin40k's
+# the multiply-adds of the passes a default sgpr fit may take in all: about 4 minutes of the 2-core CPU above (kin40k's
 # 1.6 s per step at 9.6e9 per pass), so that a default fit of up to 50,000 rows ends within 5 minutes
-AUTO_COLLAPSED_BUDGET = 1.4e12
+SGPR_WORK_BUDGET = 1.4e12
+
+
+def sgpr_max_steps(n: int, d: int, n_inducing: int | None = None) -> int:
+    """The cap on a default sgpr fit's L-BFGS steps (each a pass over the data, n m (m + d) multiply-adds with
+    m = min(n_inducing or 512, n)): 1.4e12 multiply-adds in all, and at most the table's 1,000 steps. Read by
+    ``method="auto"`` and by the estimators when they are asked for sgpr and no ``max_steps``."""
+    m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)
+    return max(1, min(TRAINING["sgpr"].max_steps, int(SGPR_WORK_BUDGET // (n * m * (m + d)))))
 
 
 @dataclass(frozen=True)
@@ -184,7 +194,7 @@ def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | No
     m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)
     work = n * m * (m + d)
     if work <= AUTO_COLLAPSED_MAX_WORK:
-        steps = min(TRAINING["sgpr"].max_steps, int(AUTO_COLLAPSED_BUDGET // work))
+        steps = sgpr_max_steps(n, d, n_inducing)
         return Choice("sgpr", f"n = {n:,}, d = {d}: a pass over the data with {m} inducing points costs "
                               f"{_engineering(work)} multiply-adds, at most {_engineering(AUTO_COLLAPSED_MAX_WORK)}, "
                               f"so the collapsed bound trains full batch, for at most {steps} L-BFGS steps", steps)

@@ -16,7 +16,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import __version__
-from .defaults import Choice, choose_method
+from .defaults import Choice, choose_method, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
@@ -124,7 +124,8 @@ class _GPEstimator(BaseEstimator):
         if self.method == "auto":
             choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing)
         else:
-            choice = Choice(self.method, "named by the caller")
+            capped = sgpr_max_steps(n, X.shape[1], self.n_inducing) if self.method == "sgpr" else None
+            choice = Choice(self.method, "named by the caller", capped)
         cls = get_model_class(choice.method)
         options = self._model_options(cls, n, common, choice)
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
@@ -341,8 +342,8 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         passes over the data with Adam (one step per pass for full-batch methods).
     max_steps : int or None, default=None
         The cap of training to convergence, in optimiser steps. None: the method's (``gpscale.defaults.TRAINING``:
-        1,000 L-BFGS iterations or 5,000 Adam steps, fewer where a step is dear; ``"auto"``'s SGPR a budget of
-        work).
+        1,000 L-BFGS iterations or 5,000 Adam steps, fewer where a step is dear; SGPR's by a budget of work,
+        :func:`gpscale.defaults.sgpr_max_steps`).
     batch_size, lr : int or None, float or None, default=None
         Minibatch size (minibatch methods) and Adam's learning rate. None: the method's defaults.
     optimizer : {None, "adam", "lbfgs"}, default=None

@@ -213,7 +213,8 @@ class _GPEstimator(BaseEstimator):
             elif t["converged"]:
                 ended = "converged (the objective stopped improving)"
             else:
-                ended = f"stopped at the cap of {t['max_steps']} steps before converging"
+                counted = "iterations or loss evaluations" if t["optimizer"] == "lbfgs" else "steps"
+                ended = f"stopped at the cap of {t['max_steps']} {counted} before converging"
             lines.append(f"  training: {t['steps']} {how}, {ended}, {t['seconds']:.1f} s")
             lines.append(f"  final objective: {t['final_objective']:.6g} (per data point, standardised targets)")
         units = {"lengthscale": "units of X", "outputscale": "units of y^2", "noise": "variance, units of y^2"}

@@ -392,7 +392,7 @@ def test_10_learned_noise_collapses_without_the_correction_and_not_with_it():
 
 # --- 11. overconfidence, deterministically ------------------------------------------------------------------------
 def f_gt(x):
-    """The paper's 1-D ground truth (spec §10.2)."""
+    """The paper's 1-D ground truth."""
     s = torch.sigmoid
     return (0.3 * (1 - s(200 * (x + 0.6))) + 0.9 * (s(200 * (x + 0.6)) - s(200 * x))
             - 0.6 * (s(200 * x) - s(200 * (x - 0.4))) + 0.01 * torch.sin(50 * torch.sin(10 * x)))

@@ -63,7 +63,7 @@ def kron(mats):
 
 
 def flat_index(idxs, sizes):
-    """C-order flat index g_k = sum_i idxs[k, i] prod_{j>i} mbar_j (spec §3.6)."""
+    """C-order flat index g_k = sum_i idxs[k, i] prod_{j>i} mbar_j."""
     strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
     return (idxs * torch.tensor(strides)).sum(-1)
 
@@ -466,7 +466,7 @@ def test_13_predictions_equal_the_dense_gp(p):
     torch.testing.assert_close(mean_t, dense_t[0], rtol=0, atol=1e-9)
     torch.testing.assert_close(var_t, dense_t[1], rtol=0, atol=1e-9)
     # w~ = s^2 predicts as w = 1, except that for p > n the orthogonal basis has no prior variance in the p - n
-    # directions of phi* that no training row spans (the orthogonal form is a different model, spec §3.9)
+    # directions of phi* that no training row spans (the orthogonal form is a different model)
     mean_1, var_1 = reweighted_predict(Phi_s, torch.ones(p, dtype=F64), noise, stats)
     mean_s, var_s = orthogonal_predict(Phi_s, basis.s**2, noise, basis)
     unseen = ((Phi_s - Phi_s @ basis.V @ basis.V.T) ** 2).sum(-1)

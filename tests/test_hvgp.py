@@ -41,7 +41,7 @@ def log_evidence(model, X, y):
 
 
 def set_optimal_q(model, X, y):
-    """The analytic optimum of the HVGP ELBO for a Gaussian likelihood (spec §3.4): the joint Titsias mean and
+    """The analytic optimum of the HVGP ELBO for a Gaussian likelihood: the joint Titsias mean and
     S_t = K_t (K_t + s^-2 K_tf K_ft)^-1 K_t per block, mapped to the whitened v_t = L_t^{-1} u_t."""
     noise = model.likelihood.noise.detach()
     with torch.no_grad():

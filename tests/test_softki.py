@@ -38,7 +38,7 @@ def build(Z, lengthscale=0.9, outputscale=1.3, noise=1e-2, **options):
 
 @pytest.fixture
 def setting():
-    """n = 60, m = 12, d = 3 (spec §11.7), Z near data points, a few test points."""
+    """n = 60, m = 12, d = 3, Z near data points, a few test points."""
     X, y = make_data()
     g = torch.Generator().manual_seed(2)
     Z = X[:12] + 0.3 * torch.randn(12, 3, generator=g, dtype=F64)

@@ -1,4 +1,4 @@
-"""Generic MCMC pieces for GP-GRIEF-I (spec §3.10, §5, pitfall 15): the log-normal prior given by (mode, variance),
+"""Generic MCMC pieces for GP-GRIEF-I (pitfall 15): the log-normal prior given by (mode, variance),
 a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, with its step size adapted during burn-in,
 positive-parameter transforms that keep the Jacobian, and the split R-hat / effective-sample-size diagnostics.
 

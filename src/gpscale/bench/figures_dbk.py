@@ -3,7 +3,7 @@ shared/specs/lrdkd.md §10.2), redrawn with gpscale's models.
 
 Data: x ~ U[-1, 1], y = f_gt(x) + N(0, 0.01), with the paper's smoothed step function f_gt (:func:`step_function`);
 targets are z-scored with training statistics, so the models' zero prior mean fits, and metrics are on that scale
-(as the paper's UCI numbers). Models, trained full batch with Adam as spec §8.2 says for synthetic data (10,000
+(as the paper's UCI numbers). Models, trained full batch with Adam as the paper's recipe is for synthetic data (10,000
 iterations, lr 1e-3, noise variance starting at 1e-2 with floor 1e-6):
 
 - ``gp``: the exact GP with an RBF kernel, lengthscale starting at sqrt(d) = 1 (the paper's baseline init);
@@ -52,7 +52,7 @@ NOISE_STD = 0.1  # the paper's noise variance 0.01
 MODELS = ("gp", "dbk-c", "dbk")
 LABELS = {"gp": "GP (RBF)", "dbk-c": "DBK-c (no correction)", "dbk": "DBK (variance correction)"}
 COLOURS = {"gp": "tab:green", "dbk-c": "tab:red", "dbk": "tab:blue"}
-FIG1_N = 1_000  # not given by the paper; spec §10.5 puts Fig. 1-style demos at n = 500-2,000
+FIG1_N = 1_000  # not given by the paper; Fig. 1-style demos work at n = 500-2,000
 FIG3_SIZES = (100, 1_000, 10_000, 100_000)  # the paper's range 10^2-10^5 by decades
 FIG3_SEEDS = 10
 FIG3_EXACT_MAX_N = 10_000  # the paper's exact GP ran out of memory beyond
@@ -61,7 +61,7 @@ N_TEST = 1_000
 
 @dataclass(frozen=True)
 class Training:
-    """How every model is trained (spec §8.2, synthetic data): ``iterations`` full-batch Adam steps at ``lr``;
+    """How every model is trained (synthetic data): ``iterations`` full-batch Adam steps at ``lr``;
     DBK with ``n_basis`` bases from a 2-layer tanh MLP of ``width`` units (divided by sqrt(r) with
     ``scale_basis``, not the paper's). ``dtype`` is that of the data, the networks and the GP (DBK's r x r algebra
     is float64 whatever it is)."""
@@ -91,7 +91,7 @@ class Training:
 
 # --- data ---------------------------------------------------------------------------------------------------------
 def step_function(x: Tensor) -> Tensor:
-    """The paper's f_gt [n] at x [n] (spec §10.2), with s the logistic sigmoid:
+    """The paper's f_gt [n] at x [n], with s the logistic sigmoid:
 
         0.3 (1 - s(200 (x + 0.6))) + 0.9 (s(200 (x + 0.6)) - s(200 x)) - 0.6 (s(200 x) - s(200 (x - 0.4)))
         + 0.01 sin(50 sin(10 x)),

@@ -4,14 +4,14 @@ redrawn with gpscale.
 **Fig. 1, samples of the sub-processes** (:func:`samples_figure`): a 2-D RBF (one shared lengthscale, unit
 variance) under the quarter turn ``G x = R x``, R = [[0, -1], [1, 0]] (P = 4, T = 3 real sub-kernels). On a
 square grid symmetric about the origin (closed under G), one draw f ~ GP(0, k) is split into its real
-sub-processes ``f_t(x) = sum_s W[t, s] f(G^s x)`` (spec §2.5): f_0 is invariant to quarter turns, f_1 changes sign
+sub-processes ``f_t(x) = sum_s W[t, s] f(G^s x)``: f_0 is invariant to quarter turns, f_1 changes sign
 under half turns and f_2 under quarter turns, and f = f_0 + f_1 + f_2. The second row draws directly from each
 sub-kernel's Gram matrix K_t (plus a small jitter, as K_t is singular on an orbit-closed grid), which works only
 because each K_t is a valid covariance. Files: ``hvgp_samples.png``, ``hvgp_samples.json`` (the checks).
 
 **Fig. 9, the 1-D toy** (:func:`toy_figure`): a Snelson-like set, 200 points of ``f(x) = sin(2x + 0.7) + 0.3 x``
 at inputs uniform on [-3, 3] (centred, so x -> -x leaves their distribution invariant) with noise 0.2, fitted by
-HVGP with ``group='negation'`` and 2 x 5 inducing points (spec §5), and by SVGP with 5 and 10, all with an RBF and
+HVGP with ``group='negation'`` and 2 x 5 inducing points, and by SVGP with 5 and 10, all with an RBF and
 full-batch Adam. The figure shows, as the paper, the prediction and its three parts: the Nyström residual
 ``k(x, x) - sum_t a_t^T a_t`` and each sub-GP ``mean_t = a_t^T m_t``, ``var_t = |S_t^T a_t|^2`` with
 ``a_t = L_t^{-1} k_t(Z_t, x)``; f_0 is the even part of f, ``sin(0.7) cos(2x)``, and f_1 the odd part,
@@ -96,7 +96,7 @@ def orbit_indices(action: GroupAction, X: Tensor, atol: float = 1e-9) -> Tensor:
 
 
 def sub_processes(f: Tensor, perm: Tensor, W: Tensor) -> Tensor:
-    """``f_t(x_i) = sum_s W[t, s] f(G^s x_i)`` [T, n] from values f [n] on an orbit-closed set (spec §2.5)."""
+    """``f_t(x_i) = sum_s W[t, s] f(G^s x_i)`` [T, n] from values f [n] on an orbit-closed set."""
     return torch.einsum("ts,sn->tn", W, f[perm])
 
 

@@ -197,22 +197,22 @@ register_protocol(Protocol(
 
 
 # --- SoftKI (Camaño & Huang 2024; spec shared/specs/softki.md) ---------------------------------------------------
-# SoftKI with the paper's defaults (spec §7): m = 512 k-means-initialised points, 10 Hutchinson probes, Adam lr 0.01,
-# 50 epochs of batch 1024, noise fixed at 1e-3. The baselines are SGPR_PAPER and SVGP_PAPER above (spec §8.1).
+# SoftKI with the paper's defaults: m = 512 k-means-initialised points, 10 Hutchinson probes, Adam lr 0.01,
+# 50 epochs of batch 1024, noise fixed at 1e-3. The baselines are SGPR_PAPER and SVGP_PAPER above.
 # calibrate_noise=None: the paper's fixed noise in the predictive too (the library's default calibrates it)
 SOFTKI_PAPER = dict(n_inducing=512, n_probes=10, noise=1e-3, learn_noise=False, epochs=50, batch_size=1024, lr=0.01,
                     calibrate_noise=None)
 SOFTKI_CALIBRATED = {**SOFTKI_PAPER, "calibrate_noise": "variance"}
 SVGP_512_PAPER = {**SVGP_PAPER, "n_inducing": 512}
 
-# The paper's baselines (spec §8.1) learn the noise from 0.5 with the constraint beta^2 >= 0.1, and their kernel is
-# the official code's ScaleKernel(RBFKernel()) with one shared lengthscale (spec §7); ours otherwise use ARD
+# The paper's baselines learn the noise from 0.5 with the constraint beta^2 >= 0.1, and their kernel is
+# the official code's ScaleKernel(RBFKernel()) with one shared lengthscale; ours otherwise use ARD
 # lengthscales and start the noise at ln 2 with a floor of 1e-6. The "-paper" variants reproduce that setting.
 PAPER_BASELINE_SETTING = dict(ard=False, noise=0.5, noise_floor=0.1)
 
 SOFTKI_TABLE1_DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggundirected")
 
-# Table 1 (spec §8.2): test RMSE on standardised y, mean ± std over 3 seeds, as (SoftKI-512, SGPR-512, SVGP-1024).
+# Table 1: test RMSE on standardised y, mean ± std over 3 seeds, as (SoftKI-512, SGPR-512, SVGP-1024).
 _SOFTKI_TABLE1_RMSE = {
     "pol": ((0.195, 0.006), (0.261, 0.008), (0.3, 0.005)),
     "elevators": ((0.389, 0.01), (0.401, 0.007), (0.389, 0.009)),
@@ -222,7 +222,7 @@ _SOFTKI_TABLE1_RMSE = {
     "keggdirected": ((0.081, 0.005), (0.096, 0.007), (0.088, 0.005)),
     "keggundirected": ((0.115, 0.004), (0.126, 0.005), (0.127, 0.007)),
 }
-# Table 2 (spec §8.3): seconds per epoch on an RTX 3090, mean ± std, as (SoftKI-512, SVGP-512, SVGP-1024).
+# Table 2: seconds per epoch on an RTX 3090, mean ± std, as (SoftKI-512, SVGP-512, SVGP-1024).
 _SOFTKI_TABLE2_SECONDS = {
     "pol": ((0.84, 0.032), (1.039, 0.037), (1.304, 0.017)),
     "elevators": ((0.972, 0.07), (1.11, 0.005), (1.383, 0.033)),
@@ -232,7 +232,7 @@ _SOFTKI_TABLE2_SECONDS = {
     "keggdirected": ((2.86, 0.052), (3.233, 0.054), (4.051, 0.021)),
     "keggundirected": ((3.545, 0.098), (4.269, 0.055), (5.231, 0.06)),
 }
-# Table 5 (spec §8.6): test RMSE of SoftKI with beta^2 fixed at 1e-3 vs learned, mean ± std.
+# Table 5: test RMSE of SoftKI with beta^2 fixed at 1e-3 vs learned, mean ± std.
 _SOFTKI_TABLE5_RMSE = {
     "pol": ((0.195, 0.006), (0.235, 0.006)),
     "elevators": ((0.389, 0.01), (0.393, 0.005)),
@@ -387,7 +387,7 @@ register_protocol(Protocol(
 
 
 # --- Deep Basis Kernel GPs (Zhu, Yuchi & Xie 2025, arXiv 2505.18526 v1; spec shared/specs/lrdkd.md) ------------
-# The paper's UCI protocol (spec §10.3): random 70/10/20 train/validation/test splits, inputs min-max scaled to
+# The paper's UCI protocol: random 70/10/20 train/validation/test splits, inputs min-max scaled to
 # [-1, 1] and targets z-scored with training statistics, early stopping on the validation NLL with the best model
 # kept. load_dataset draws the 80/20 split seeded by the split index (splits 0-4 are the paper's 5 seeds), and
 # fit() holds out 1/8 of those 80% (10% of the data) for validation; the posterior is then fitted on all 80%.
@@ -412,7 +412,7 @@ DBK_EXACT_GP_MAX_N = 12_000
 
 DBK_TABLE1_DATASETS = ("pol", "protein", "elevators", "bike", "kin40k")
 
-# Table 1 (spec §10.3): test RMSE and NLL on z-scored y and training seconds on a V100 (with early stopping), mean
+# Table 1: test RMSE and NLL on z-scored y and training seconds on a V100 (with early stopping), mean
 # (std) over 5 seeds, per paper row. The paper has no exact GP on protein (out of memory) and no elevators, bike or
 # kin40k.
 _DBK_TABLE1 = {
@@ -498,7 +498,7 @@ register_protocol(Protocol(
     published=_dbk_table1_published(),
     source="Zhu, Yuchi & Xie 2025 (arXiv 2505.18526 v1), Table 1 (spec lrdkd.md §10.3): test RMSE and NLL on "
            "z-scored y, mean and std over 5 random 70/10/20 splits. The paper's NLL is the mean negative log "
-           "predictive density of y* under N(mean, var) in standardised units (spec §10), our nlpd. Its GP, sGP "
+           "predictive density of y* under N(mean, var) in standardised units, our nlpd. Its GP, sGP "
            "and SVGP rows are printed beside both ours and GPyTorch's. Every row's training time (total V100 "
            "seconds with early stopping) is printed as 'paper train s'; it is not comparable with a CPU's. The "
            "DKL rows and the r = 1 ablations are not stored: this protocol does not run them. No published "
@@ -507,7 +507,7 @@ register_protocol(Protocol(
 
 
 # --- GP-GRIEF (Evans & Nair, ICML 2018, arXiv 1807.02125; spec shared/specs/grief.md) ----------------------------
-# Table 1 (spec §6.3): our data file, the paper's n and d, GP-GRIEF-II's p, then test RMSE in the units of y (mean,
+# Table 1: our data file, the paper's n and d, GP-GRIEF-II's p, then test RMSE in the units of y (mean,
 # std over 10 folds) of GP-GRIEF-II, GP-GRIEF-I and Yang et al. (2015). 3droad and electric are not in the data
 # folder; every file below has the table's n and d (tests/test_bench_protocols.py checks them, and that p is the
 # paper's rule min(1000, 10^floor(log10 n)) on the whole set's n). GP-GRIEF-I's p is 1000 throughout.
@@ -571,7 +571,7 @@ GRIEF_II_SINGLE_START_ADAM = dict(init_stretch=(1.0,), optimizer="adam", epochs=
 # iteration on all rows costs about a minute on one core on the two largest sets (7.4 s an evaluation on kin40k,
 # several evaluations an iteration; elevators, 15k rows: 1.8 s and 3.1 s forward and backward); on kin40k's fold 0
 # from one start the loss per point was -0.1201 after 4 iterations, -0.1315 after 11 and -0.1317 after 15. The paper
-# gives no iteration limit (spec §7). (v4 and v5 used the multi-start on kin40k and keggu only, v2-v5 one start
+# gives no iteration limit. (v4 and v5 used the multi-start on kin40k and keggu only, v2-v5 one start
 # with at most 100 iterations on skillcraft, pumadyn32nm and elevators.)
 GRIEF_II_LARGEST_N = 20_000
 GRIEF_II_LARGEST = dict(epochs=20)
@@ -594,7 +594,7 @@ def _grief_ii_overrides(n: int, p: int) -> dict:
 # 3.05), and only the first samples from a fixed kernel. "reweighted" is the paper's eq. 18 (O(p^3) on A, about 60 ms
 # a chain-step at p = 1000 here with the closed-form gradients: about 20 min per fold; O(q^2 p) in Phi's row space
 # where its rank q < 0.65 p: 1-9 min per fold up to concrete); "orthogonal" is the O(p) form the paper used only for
-# electric (15-70 s per fold), a different model whose weights are relative to s^2 (spec §3.9).
+# electric (15-70 s per fold), a different model whose weights are relative to s^2.
 GRIEF_I_PAPER = dict(n_eigen=1000, grid_size=10, n_iterations=10_000, burn_in=1_000, thin=50)
 # v6: from n = 2000 (skillcraft to keggu) GRIEF-I's fixed theta comes from GRIEF-II's multi-start (the model's
 # init_stretch for "grief") instead of the exact GP alone, which cannot see keggu's and elevators' nearly constant
@@ -696,7 +696,7 @@ register_protocol(Protocol(
 
 
 # --- ODVFF (Azzimonti et al.; spec shared/specs/odvff.md) -------------------------------------------------------
-# Table 5 (spec §7.4): the paper's D and N, then mean test log-likelihood and (test RMSE) over 5 random 90/10 splits
+# Table 5: the paper's D and N, then mean test log-likelihood and (test RMSE) over 5 random 90/10 splits
 # for ODVFF, ODVGP and SVGP. The 12 sets of the table that are in the data folder; 3droad, airline, sgemmProd,
 # BNG_pbg and BNG_pharynx are not. Our files differ from the paper's D on bike (17 against 12), keggdirected (20
 # against 19) and tamielectric (3 against 2).
@@ -718,7 +718,7 @@ ODVFF_TABLE5_DATASETS = tuple(_ODVFF_TABLE5)
 # Spec §6: |gamma| = 300 and |beta| = 100, read as features per dimension (F = 50: 101 per dimension, the spec's
 # reading for even |beta|), except keggdirected (150 / 50: F = 25). ODVGP: 100 inducing points for beta and 300 for
 # gamma; SVGP: 400 = |gamma| + |beta| (spec's assumption). Additive Matérn-3/2 everywhere, batch 400, 10,000
-# iterations (epochs per set from its training size), Adam at 0.01 (the paper gives no rates; spec §5.2), natural
+# iterations (epochs per set from its training size), Adam at 0.01 (the paper gives no rates), natural
 # gradients of 0.1 on q(beta) for ODVFF and ODVGP. Inputs mapped to [-1, 1] with training statistics (the box is
 # relative to the data's range), y z-scored.
 ODVFF_ITERATIONS, ODVFF_BATCH = 10_000, 400
@@ -787,9 +787,9 @@ register_protocol(_odvff_table5("odvff-table5-short", 2_500, (0,),
                                 "A quarter of the paper's iterations on split 0 only: see docs/odvff.md."))
 
 
-# Synthetic data, Tables 2-4 with 6-11 (spec §7.3): N = 50,000 or 100,000 training and 1,000 test points of an
+# Synthetic data, Tables 2-4 with 6-11: N = 50,000 or 100,000 training and 1,000 test points of an
 # isotropic Matérn-3/2 draw (l = 0.1) in D = 1, 5, 10, fitted with an additive Matérn-3/2; |gamma| + |beta| = 100
-# with |beta| = 10 or 50 (F = |beta| / 2 per dimension, spec §6), batch 500, 8,000 iterations; SGPR with 100
+# with |beta| = 10 or 50 (F = |beta| / 2 per dimension), batch 500, 8,000 iterations; SGPR with 100
 # inducing points full batch, at N = 50k only (as the paper). Per (N, D, label): the paper's test log-likelihood,
 # RMSE and 95% coverage.
 _ODVFF_SYNTHETIC = {
@@ -821,7 +821,7 @@ ODVFF_SYNTHETIC_TEST, ODVFF_SYNTHETIC_BATCH = 1_000, 500
 
 def _odvff_synthetic(name: str, n_train: int, iterations: int, splits: tuple[int, ...], note: str) -> Protocol:
     epochs = math.ceil(iterations * ODVFF_SYNTHETIC_BATCH / n_train)
-    model = dict(kernel="additive_matern32", lengthscale=0.2, noise=0.1)  # spec §5.1's initial values
+    model = dict(kernel="additive_matern32", lengthscale=0.2, noise=0.1)  # the paper's initial values
     minibatch = dict(model, batch_size=ODVFF_SYNTHETIC_BATCH, lr=0.01, epochs=epochs)
     methods = []
     for beta in (10, 50):
@@ -841,8 +841,8 @@ def _odvff_synthetic(name: str, n_train: int, iterations: int, splits: tuple[int
         version=1,
         description=f"ODVFF paper, Tables 2-4 and 6-11 at N = {n_train // 1000}k: an isotropic Matérn-3/2 GP draw "
                     "(l = 0.1, noise std 0.2, x ~ U[0, 1]^D) in D = 1, 5, 10, fitted with an additive Matérn-3/2 "
-                    "(misspecified for D > 1; initial lengthscales 0.2 and noise variance 0.1, spec §5.1); ODVFF "
-                    "(box margin 0.4 of the range, spec §5.1) and ODVGP with |beta| = 10 or 50 of |gamma| + |beta| "
+                    "(misspecified for D > 1; initial lengthscales 0.2 and noise variance 0.1); ODVFF "
+                    "(box margin 0.4 of the range) and ODVGP with |beta| = 10 or 50 of |gamma| + |beta| "
                     f"= 100 (ODVFF: F = |beta| / 2 per dimension), SVGP with 100 inducing points, {iterations:,} "
                     "iterations of batch 500, Adam at lr 0.01"
                     + ("; SGPR with 100 inducing points, full batch, 200 L-BFGS iterations" if with_sgpr
@@ -873,7 +873,7 @@ for _n_train, _suffix in ((50_000, ""), (100_000, "-100k")):
 
 
 # --- HVGP (Sun et al.; spec shared/specs/hkd.md) ----------------------------------------------------------------
-# Earth elevation (spec §6.1, Table 1): the paper's ETOPO1 grid has 6.5M points; the data folder holds ETOPO 2022 on
+# Earth elevation (Table 1): the paper's ETOPO1 grid has 6.5M points; the data folder holds ETOPO 2022 on
 # a HEALPix grid of 196,608 equal-area cells, as unit vectors. Isotropic RBF on the sphere embedding, longitude
 # rotations by 30 or 15 degrees (P = 12 or 24: T = 7 or 13 real sub-kernels), batch 256, Adam at 0.01, y z-scored,
 # a random 80/20 split (the paper's 72/8/20 without its validation part).
@@ -917,7 +917,7 @@ def _hvgp_earth(name: str, m: int, iterations: int, note: str) -> Protocol:
     )
 
 
-# Regression with 3-way negation along interleaved PCA directions (spec §6.3): 8 x M against SVGP with M and 2M. The
+# Regression with 3-way negation along interleaved PCA directions: 8 x M against SVGP with M and 2M. The
 # paper's sets (year, 3droad, song, buzz, houseelectric) are not in the data folder; the issue names kin40k,
 # protein, keggdirected and elevators. Matérn-3/2 with one shared lengthscale, batch 256, Adam at 0.01 (the paper:
 # 0.003 for 30,000 iterations with M = 1000), the first three fixed UCI folds. The paper gives no numbers.
@@ -955,7 +955,7 @@ register_protocol(_hvgp_uci("hvgp-uci", 250, 5_000, (0, 1, 2), "A quarter of the
 register_protocol(_hvgp_uci("hvgp-uci-short", 100, 2_000, (0,), "M = 100 and 2,000 iterations, fold 0 only."))
 
 
-# Translate- and Flip-MNIST (spec §6.2, Figs. 2 and 4; no numbers published) from the data folder's 5,000 MNIST images,
+# Translate- and Flip-MNIST (Figs. 2 and 4; no numbers published) from the data folder's 5,000 MNIST images,
 # each rolled by random offsets or flipped by random coins, a random 90/10 split. Robust-max likelihood with 10
 # latent GPs, isotropic RBF, batch 256, Adam at 0.01 (the paper: 0.001 for 100,000 iterations on 60,000 images).
 HVGP_MNIST_ITERATIONS = 2_000

@@ -2,7 +2,7 @@
 
 With a product kernel ``k(x, z) = prod_i k_i(x_i, z_i)`` and inducing points U on the grid ``xg[0] x ... x xg[d-1]``
 (``mbar_i`` points in dimension i, ``m = prod_i mbar_i`` of them, up to 10^33 and more), every quantity GRIEF needs
-factorises over dimensions (spec §3.4-3.7):
+factorises over dimensions:
 
     K_UU = K^(1) ⊗ ... ⊗ K^(d),         K^(i) = k_i(xg[i], xg[i]) = Q^(i) diag(lambda^(i)) Q^(i)T   [mbar_i, mbar_i]
     K_XU = K_XU^(1) * ... * K_XU^(d),   K_XU^(i) = k_i(X[:, i], xg[i])                             [n, mbar_i]
@@ -33,7 +33,7 @@ DEGENERATE_GAP = 100 * torch.finfo(torch.float64).eps
 
 
 def grid_points(X: Tensor, grid_size: int = 10) -> list[Tensor]:
-    """The 1-D grids xg[i] [mbar_i] of the inputs X [n, d] (spec §4 step 0, as the official ``InducingGrid``).
+    """The 1-D grids xg[i] [mbar_i] of the inputs X [n, d] (as the official ``InducingGrid``).
 
     ``mbar_i = min(grid_size, #unique(X[:, i]))``: a column with at most ``grid_size`` distinct values (binary or
     categorical features, a constant) gets exactly those values, sorted; any other gets ``grid_size`` points
@@ -56,7 +56,7 @@ def se_factor(a: Tensor, b: Tensor, lengthscale: Tensor) -> Tensor:
 
 
 def grid_factors(xg: list[Tensor], lengthscale: Tensor, outputscale: Tensor, jitter: float = 1e-12) -> list[Tensor]:
-    """The Kronecker factors ``K^(i) = k_i(xg[i], xg[i]) + jitter I`` [mbar_i, mbar_i] of K_UU (spec §4 step 1).
+    """The Kronecker factors ``K^(i) = k_i(xg[i], xg[i]) + jitter I`` [mbar_i, mbar_i] of K_UU.
 
     Args:
         xg: d grids [mbar_i].
@@ -155,7 +155,7 @@ def top_eigenvalues(lams: list[Tensor], p: int) -> tuple[Tensor, Tensor]:
 
 
 def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tensor) -> Tensor:
-    """``Phi = K_XU Q S_p^T Lambda_p^{-1/2}`` [n, p] by Theorem 2, in the log domain (eq. 15, spec §3.7):
+    """``Phi = K_XU Q S_p^T Lambda_p^{-1/2}`` [n, p] by Theorem 2, in the log domain (eq. 15):
 
         Phi = [⊙_i sign(B^(i))] ⊙ exp(sum_i log|B^(i)| - 1/2 1_n logl^T),    B^(i) = K_XU^(i) Q^(i)[:, idxs[:, i]].
 
@@ -197,7 +197,7 @@ def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tenso
 
 def interpolated_kernel(E: list[Tensor], K: list[Tensor], rows: slice = slice(None)) -> Tensor:
     """Rows ``rows`` of the interpolated covariance ``E K_UU E^T`` [n_rows, n] on a grid, for interpolation that
-    factorises over dimensions (``E = E^(1) * ... * E^(d)``, row-wise Khatri-Rao; paper §4.2, spec §3.11):
+    factorises over dimensions (``E = E^(1) * ... * E^(d)``, row-wise Khatri-Rao; paper §4.2):
 
         E K_UU E^T = ⊙_i E^(i) K^(i) E^(i)T,
 

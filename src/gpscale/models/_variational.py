@@ -396,7 +396,7 @@ class OrthogonallyDecoupledGP(GPModel):
                 self.a_gamma.zero_()
 
     def init_prior_covariance(self) -> None:
-        """S = Kbb: q(beta) starts at the prior, so q(f) does (spec §5.1 step 5)."""
+        """S = Kbb: q(beta) starts at the prior, so q(f) does."""
         with torch.no_grad():
             self.q_sqrt_raw.copy_(cholesky(self.Kbb().to_dense(), what="Kbb"))
 

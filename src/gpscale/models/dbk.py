@@ -1,6 +1,6 @@
 """Deep Basis Kernel GPs (Zhu, Yuchi & Xie 2025, arXiv 2505.18526 v1; spec: shared/specs/lrdkd.md).
 
-A network phi: R^d -> R^r outputs r basis functions, and the kernel is their inner product (spec §3.2, eq. 4):
+A network phi: R^d -> R^r outputs r basis functions, and the kernel is their inner product (eq. 4):
 
     k(x, x') = phi(x)^T phi(x'),     K_XX = Phi Phi^T  [n, n], rank <= r,
 
@@ -26,7 +26,7 @@ reads from the class: the trainer minibatches unless ``full_batch`` (a property 
 variational parameters (m, L) that exact DBK has not, so each key's options and saved state are exactly its own.
 This is the same split as ``sgpr`` / ``svgp``, and the benchmark protocols can name the paper's rows by key.
 
-**Variance correction** (spec §6), on by default; ``correction=False`` gives the paper's "-c" ablations. Marginal
+**Variance correction**, on by default; ``correction=False`` gives the paper's "-c" ablations. Marginal
 likelihood training drifts toward the rank-1 kernel y y^T with sigma^2 -> 0 (Theorem 1), and then every interval
 vanishes, because the posterior variance is proportional to sigma^2. The correction pads the prior variance to a
 uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel ``c(x, x) = max(k_max, k(x, x))
@@ -39,7 +39,7 @@ uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel
   misprinted there as D^{-1/2} Phi^T), and every method adds c(x*) to the latent variance. The training maximum is
   the one used for test points, never a test chunk's.
 
-**Optimisation recipe** (spec §8.2): sigma^2 starts at 1e-2 with floor 1e-6; weight decay 1e-4 (coupled, as
+**Optimisation recipe**: sigma^2 starts at 1e-2 with floor 1e-6; weight decay 1e-4 (coupled, as
 ``torch.optim.Adam``'s ``weight_decay``) on the network's parameters only, through :meth:`parameter_groups`, never
 on sigma^2, m or L. The loss is divided by n, as every gpscale loss (and GPyTorch's ``ExactMarginalLogLikelihood``),
 so the decay acts against the per-point objective.
@@ -70,7 +70,7 @@ NETWORKS = ("mlp", "resnet")
 DEFAULT_DEPTH = {"mlp": 2, "resnet": 3}  # hidden layers of the paper's "2-layer MLP" and "2-layer ResNet"
 
 
-# --- backbones (spec §8.1; the paper gives no wiring, these are the spec's recommended reading) ------------------
+# --- backbones (the paper gives no wiring; these are one reading of its words) ------------------------------
 def mlp(d: int, r: int, depth: int = DEFAULT_DEPTH["mlp"], width: int = 128, activation: str = "tanh") -> nn.Sequential:
     """``Linear(d, w) -> act -> [Linear(w, w) -> act] x (depth - 1) -> Linear(w, r)``: ``depth`` hidden layers
     and a linear output with bias. The paper's synthetic-data backbone is depth 2, width 128, tanh."""
@@ -105,14 +105,14 @@ def residual_mlp(d: int, r: int, depth: int = DEFAULT_DEPTH["resnet"], width: in
     return nn.Sequential(nn.Linear(d, width), act(), *blocks, nn.Linear(width, r))
 
 
-# --- the kernel and its correction (spec §3.2, §6.3) --------------------------------------------------------------
+# --- the kernel and its correction --------------------------------------------------------------
 def prior_variance(Phi: Tensor) -> Tensor:
     """``k(x_i, x_i) = ||phi(x_i)||^2`` [n] for basis rows Phi [n, r]: the DBK prior variance, which varies with x."""
     return (Phi * Phi).sum(-1)
 
 
 def variance_correction(k: Tensor, k_max: Tensor) -> Tensor:
-    """``c(x, x) = max(k_max, k(x, x)) - k(x, x) >= 0`` [n] for prior variances k [n] (spec §6.3).
+    """``c(x, x) = max(k_max, k(x, x)) - k(x, x) >= 0`` [n] for prior variances k [n].
 
     It pads every prior variance up to the training maximum k_max, so ``k + c`` is uniform on the training set; it
     is 0 at the argmax, and at a test point whose prior variance exceeds k_max.
@@ -121,7 +121,7 @@ def variance_correction(k: Tensor, k_max: Tensor) -> Tensor:
 
 
 def trace_penalty(k: Tensor, k_max: Tensor, noise: Tensor, num_data: int) -> Tensor:
-    """``tr(C_XX) / (2 sigma^2)`` estimated from b rows with prior variances k [b] (eq. 11, spec §6.3):
+    """``tr(C_XX) / (2 sigma^2)`` estimated from b rows with prior variances k [b] (eq. 11):
 
         (num_data / b) sum_i (k_max - k_i) / (2 sigma^2).
 
@@ -139,7 +139,7 @@ class DeepBasisKernel(Kernel):
             model chunks its inputs.
         n_basis: r, the network's output width.
         scale_basis: use ``phi = network(x) / sqrt(r)``, which keeps ||phi||^2 = O(1) at initialisation whatever r.
-            Not in the paper (a third-party reimplementation's trick, spec §11, §14); off by default.
+            Not in the paper (a third-party reimplementation's trick); off by default.
     """
 
     def __init__(self, network: nn.Module, n_basis: int, scale_basis: bool = False):
@@ -241,7 +241,7 @@ class DeepBasisModel(GPModel):
         max over every process's rows, and this process's term is returned.
 
         The gradient goes through the max (to the argmax row, as ``torch.max`` routes it), as in the paper. That
-        gradient is what holds the largest prior variance down: with k_max detached (a variant spec §14 allows) the
+        gradient is what holds the largest prior variance down: with k_max detached (a variant) the
         penalty pushes every ||phi_i||^2 up, the largest included, and on the toy problem of test_dbk's regressor
         test the test RMSE went from 0.10 to 1.09 (dbk) and from 0.14 to 4.9 (svdbk). So it is not an option.
         """
@@ -321,7 +321,7 @@ def _check_options(*, n_basis, network, depth, width, activation, weight_decay, 
 # --- exact inference ----------------------------------------------------------------------------------------------
 @register("dbk")
 class DBK(DeepBasisModel):
-    """Deep basis kernel GP with exact inference, trained full batch (spec §4, Algorithm 9.1).
+    """Deep basis kernel GP with exact inference, trained full batch (Algorithm 9.1).
 
     Each step computes Phi [n, r] for all n rows, because the trace penalty's max couples them; the network runs
     in chunks of ``chunk_size`` rows, each checkpointed when there are several, so its activations are held for
@@ -354,7 +354,7 @@ class DBK(DeepBasisModel):
         return _linear.log_evidence(replace(post, quad=quad), self.noise)
 
     def heteroscedastic_rows(self, Phi: Tensor, y: Tensor, k_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Rows scaled for the corrected model (spec §6.4): ``Phi^ = D^{-1/2} Phi`` [n, r], ``y^ = D^{-1/2} y``
+        """Rows scaled for the corrected model: ``Phi^ = D^{-1/2} Phi`` [n, r], ``y^ = D^{-1/2} y``
         [n] and D [n], with ``D_i = (sigma^2 + c_i) / sigma^2``: ``Phi Phi^T + C + sigma^2 I = D^{1/2} (Phi^ Phi^^T
         + sigma^2 I) D^{1/2}``, so the corrected GP is the plain one on scaled rows."""
         D = 1 + variance_correction(prior_variance(Phi), k_max) / self.noise.to(Phi.dtype)
@@ -367,7 +367,7 @@ class DBK(DeepBasisModel):
 
     def corrected_log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
         """``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)``, the evidence of the corrected model that the training
-        objective bounds (spec §6.4; for diagnostics): ``log N(y^ | 0, Phi^ Phi^^T + sigma^2 I) - 1/2 sum log D``."""
+        objective bounds (for diagnostics): ``log N(y^ | 0, Phi^ Phi^^T + sigma^2 I) - 1/2 sum log D``."""
         Phi = self.features(X)
         Phi_hat, y_hat, D = self.heteroscedastic_rows(Phi, y, prior_variance(Phi).max())
         return self.evidence(Phi_hat, y_hat) - 0.5 * D.to(CORE).log().sum()
@@ -429,7 +429,7 @@ class DBK(DeepBasisModel):
 # --- stochastic variational inference -----------------------------------------------------------------------------
 @register("svdbk")
 class SVDBK(DeepBasisModel):
-    """Deep basis kernel GP with stochastic variational inference on w (SVDBK, spec §5), trained on minibatches.
+    """Deep basis kernel GP with stochastic variational inference on w (SVDBK), trained on minibatches.
 
     ``q(w) = N(m, L L^T)`` with ``L = tril(raw, -1) + diag(softplus(raw_diag))``, so diag(L) > 0 and log|L L^T| is
     finite; it starts at the prior (m = 0, L = I). Each step costs O(b r^2). Prediction needs k_max over the whole
@@ -475,7 +475,7 @@ class SVDBK(DeepBasisModel):
         return self.elbo_from_basis(self.kernel.basis(X), y, num_data)
 
     def objective(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """The ELBO minus the batch trace penalty (spec §6.3), or the ELBO without the correction."""
+        """The ELBO minus the batch trace penalty, or the ELBO without the correction."""
         Phi = self.kernel.basis(X)
         elbo = self.elbo_from_basis(Phi, y, num_data)
         return elbo - self.penalty(Phi, num_data) if self.correction else elbo
@@ -508,7 +508,7 @@ class SVDBK(DeepBasisModel):
 
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        # q(w) is the posterior; the correction also needs the training k_max (spec §9.4)
+        # q(w) is the posterior; the correction also needs the training k_max
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         self.record_training_box(X, comm)
         self.cache.update(q_mu=self.q_mu.detach().to(CORE), q_sqrt=self.q_sqrt.detach().to(CORE))

@@ -9,7 +9,7 @@ points (m up to 10^33), truncated to its top p eigenfunctions (eqs. 3, 4):
 computed in O(d n p) with Kronecker and Khatri-Rao algebra (Algorithm 1, Theorem 2; :mod:`gpscale.kernels.grid`).
 With weights ``w ~ N(0, I_p)`` it is a Bayesian linear model, so everything runs on the linear engine
 (``_linear.py``) with ``B = I + A / sigma^2`` and ``A = Phi^T Phi``, ``r = Phi^T y``: the evidence (eq. 18 with
-W = I) and the predictive (spec §3.8)
+W = I) and the predictive
 
     mean = phi*^T P^{-1} r,     var f* = sigma^2 phi*^T P^{-1} phi*,     P = sigma^2 I + A = sigma^2 B.
 
@@ -29,7 +29,7 @@ For GP-GRIEF-I (theta fixed, MCMC over re-weighted eigenfunctions ``k~ = sum_i w
 module gives the evidence as pure functions of (w, sigma^2) on precomputed statistics (:meth:`GRIEF.statistics`):
 :func:`reweighted_log_likelihood` in O(p^3), the same in the q-dimensional row space of Phi
 (:func:`row_space_log_likelihood`, O(q^2 p), for q = rank(Phi) well below p) and, on the orthogonalised basis of
-spec §3.9, :func:`orthogonal_log_likelihood` in O(p); autograd gives their gradients.
+:func:`orthogonal_log_likelihood` in O(p); autograd gives their gradients.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def paper_n_eigen(n: int) -> int:
     return min(1000, 10 ** (len(str(int(n))) - 1))
 
 
-# --- GP-GRIEF-I: re-weighted eigenfunctions on fixed features (spec §3.8, §3.9) ----------------------------------
+# --- GP-GRIEF-I: re-weighted eigenfunctions on fixed features ----------------------------------
 def weighted(stats: _linear.Statistics, w: Tensor) -> _linear.Statistics:
     """The statistics of the features ``Phi W^{1/2}``, whose kernel is ``Phi W Phi^T`` (eq. 17)."""
     root = w.to(CORE).sqrt()
@@ -112,7 +112,7 @@ def reweighted_log_likelihood(w: Tensor, noise: Tensor, stats: _linear.Statistic
 
     and ``|B| = |P| |W| / sigma^{2p}`` with ``P = sigma^2 W^{-1} + A`` turns it into eq. 18b. Valid for p > n. The
     data fit is ``y^T y / sigma^2 - c^T c``: with only the statistics there is no cancellation-free form (pitfall
-    8). Differentiable in w and sigma^2 through the closed forms of spec §3.8 (:class:`_ReweightedEvidence`);
+    8). Differentiable in w and sigma^2 through the closed forms (:class:`_ReweightedEvidence`);
     batched over leading dimensions (MCMC chains); NaN where B is not numerically positive definite (w overflowed),
     which a sampler rejects.
     """
@@ -120,7 +120,7 @@ def reweighted_log_likelihood(w: Tensor, noise: Tensor, stats: _linear.Statistic
 
 
 class _ReweightedEvidence(torch.autograd.Function):
-    """Eq. 18 with the gradient in closed form (spec §3.8): with ``c = L^{-1} W^{1/2} r / sigma^2``, the data fit
+    """Eq. 18 with the gradient in closed form: with ``c = L^{-1} W^{1/2} r / sigma^2``, the data fit
     ``quad = y^T y / sigma^2 - ||c||^2``, ``a = L^{-T} c = B^{-1} W^{1/2} r / sigma^2`` and the diagonal ``d`` of
     ``B^{-1}``,
 
@@ -168,14 +168,14 @@ def _cholesky_or_nan(C: Tensor) -> Tensor:
 
 def reweighted_predict(Phi: Tensor, w: Tensor, noise: Tensor, stats: _linear.Statistics) -> tuple[Tensor, Tensor]:
     """Latent mean ``phi*^T P^{-1} r`` and variance ``sigma^2 phi*^T P^{-1} phi*`` [c] of the re-weighted model at
-    test features Phi [c, p] (spec §3.8, ``P = sigma^2 W^{-1} + A``)."""
+    test features Phi [c, p] (``P = sigma^2 W^{-1} + A``)."""
     post = _linear.collapse_cholesky(weighted(stats, w), noise.to(CORE))
     return _linear.predict_linear(post.L_B, post.weight_mean, Phi.to(CORE) * w.to(CORE).sqrt())
 
 
 @dataclass
 class OrthogonalBasis:
-    """The training features orthogonalised (spec §3.9): ``Phi = U_s diag(s) V^T`` (thin SVD, from
+    """The training features orthogonalised: ``Phi = U_s diag(s) V^T`` (thin SVD, from
     ``A = Phi^T Phi = V diag(s^2) V^T``), basis ``phi~(x) = diag(s)^{-1} V^T phi(x)`` with ``Phi~ = U_s``."""
 
     V: Tensor  # [p, q], the kept right singular vectors of Phi
@@ -195,7 +195,7 @@ class OrthogonalBasis:
 
 
 def orthogonalise(stats: _linear.Statistics, rcond: float = 1e-12) -> OrthogonalBasis:
-    """The orthogonal basis of the features whose statistics are ``stats``, without holding Phi (spec §3.9's
+    """The orthogonal basis of the features whose statistics are ``stats``, without holding Phi (the orthogonal form's
     memory trick, O(p^3) once).
 
     eigh of A squares the condition number of Phi, so directions with ``s^2 <= rcond * max(s^2)`` are dropped
@@ -211,7 +211,7 @@ def orthogonalise(stats: _linear.Statistics, rcond: float = 1e-12) -> Orthogonal
 
 
 def orthogonal_log_likelihood(w: Tensor, noise: Tensor, basis: OrthogonalBasis) -> Tensor:
-    """``log N(y | 0, U_s W~ U_s^T + sigma^2 I)`` for weights w~ [q] > 0 on the orthogonal basis, in O(q) (spec §3.9):
+    """``log N(y | 0, U_s W~ U_s^T + sigma^2 I)`` for weights w~ [q] > 0 on the orthogonal basis, in O(q):
 
         -1/2 [rss / sigma^2 + sum_i r~_i^2 / (w~_i + sigma^2) + sum_i log(w~_i + sigma^2)
               + (n - q) log sigma^2 + n log 2 pi].
@@ -313,10 +313,10 @@ class GridSpectrum:
 @register("grief")
 class GRIEF(GPModel):
     """GP-GRIEF-II: the Nyström kernel of an SE-ARD kernel on a Cartesian grid, truncated to its top p
-    eigenfunctions, with w = 1 and the hyperparameters learned on the evidence (spec §3.10), trained full batch.
+    eigenfunctions, with w = 1 and the hyperparameters learned on the evidence, trained full batch.
 
     Each step rebuilds the d 1-D eigendecompositions, Algorithm 1, Phi [n, p] and ``A = Phi^T Phi``:
-    O(d mbar^3 + d n p + n p^2 + p^3) time and O(n p) memory (spec §4 step 7c; Phi is computed in checkpointed
+    O(d mbar^3 + d n p + n p^2 + p^3) time and O(n p) memory (Phi is computed in checkpointed
     chunks of ``chunk_size`` rows, so the autograd graph is held for one chunk at a time). The posterior is fitted
     in one streamed pass, O(chunk x p) memory, and prediction needs only the cache (grid, selected eigenvectors,
     posterior), not the training data. Features and the p x p core are float64 whatever the model dtype: Phi is a
@@ -384,7 +384,7 @@ class GRIEF(GPModel):
 
     def initialise_from_exact_gp(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Fit an exact SE-ARD GP on ``min(n, init_exact_points)`` random rows and copy its lengthscales and s_f^2
-        (the paper's initialisation, spec §5); sigma^2 as ``init_noise`` says (a learned noise only).
+        (the paper's initialisation); sigma^2 as ``init_noise`` says (a learned noise only).
 
         L-BFGS-B over the raw (softplus) parameters, as the paper's GPy, within the box of :func:`_exact_gp_box`;
         for a handful of hyperparameters it reaches the evidence's maximum in tens of iterations, where Adam with a
@@ -515,7 +515,7 @@ class GRIEF(GPModel):
         return self.kernel.lengthscale.to(CORE), self.kernel.outputscale.to(CORE)
 
     def spectrum(self) -> GridSpectrum:
-        """Eigendecompose the d grid factors and select the top p eigenpairs (spec §4 steps 1-3), differentiably."""
+        """Eigendecompose the d grid factors and select the top p eigenpairs, differentiably."""
         lengthscale, outputscale = self.hyperparameters()
         eigen = [factor_eigh(K) for K in grid_factors(self.grids(), lengthscale, outputscale, self.jitter)]
         logl, idxs = top_eigenvalues([lam for lam, _ in eigen], int(self.n_eigen_))

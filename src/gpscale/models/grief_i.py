@@ -14,13 +14,13 @@ sigma_0^2, variance 0.04), starting at their mode. The step size adapts during b
 
 * ``"reweighted"``: eq. 18, u = w on the features themselves, O(p^3) per step; O(q^2 p) in the row space of Phi
   when its rank q is well below p (n < p), the same model.
-* ``"orthogonal"``: spec §3.9, the weights ``w~ = s^2 u`` on the orthogonalised basis ``Phi~ = U_s``, O(p) per
+* ``"orthogonal"``: the weights ``w~ = s^2 u`` on the orthogonalised basis ``Phi~ = U_s``, O(p) per
   step. The chain runs on the weights *relative to* ``s^2`` (pitfall 10): u = 1 is the w = 1 Nyström model, and the
   paper's (mode 1, variance 100) prior on u is the prior of w~ / s^2, so the start is again the prior mode and
   the w = 1 model. (A (mode 1, variance 100) prior on w~ itself would put the Nyström model, w~ = s^2 ~ n mu_i,
-  far in the prior's tail.) It is a different model from eq. 16: its basis depends on the data (spec §3.9).
+  far in the prior's tail.) It is a different model from eq. 16: its basis depends on the data.
 
-Prediction (spec §3.10): the predictive is an equal mixture over the S kept samples. Each sample's posterior of the
+Prediction: the predictive is an equal mixture over the S kept samples. Each sample's posterior of the
 feature weights beta (``f(x) = phi(x)^T beta``) is Gaussian, ``N(P^{-1} r, sigma^2 P^{-1})`` with
 ``P = sigma^2 W^{-1} + A``, so by the law of total covariance the mixture of f* has
 
@@ -176,7 +176,7 @@ class GRIEFI(GRIEF):
 
     Args:
         n_eigen: p (default 1000, the paper's for type I; None gives type II's ``min(1000, 10^floor(log10 n))``).
-        solver: ``"reweighted"`` (eq. 18, O(p^3) per step, O(n^2 p) for n < p), ``"orthogonal"`` (spec §3.9, O(p)
+        solver: ``"reweighted"`` (eq. 18, O(p^3) per step, O(n^2 p) for n < p), ``"orthogonal"`` (O(p)
             per step, weights relative to s^2 on the orthogonal basis) or ``"auto"`` (default): orthogonal when
             n > 10^6, as the paper.
         n_iterations, burn_in, thin: MALA iterations; iteration i is kept when ``i > burn_in and i % thin == 0``

@@ -63,7 +63,7 @@ class HarmonicFeatures(InducingFeatures):
 
     def Kuf(self, X: Tensor, blocks: slice = ALL) -> Tensor:
         """``k_t(Z_t, X)`` [T, m, c] for the blocks t in ``blocks``, on X's device: the sub-kernel of each block,
-        never k (spec §8 pitfall 7); the orbit is taken of Z (k_t is symmetric), so its size does not grow with
+        never k; the orbit is taken of Z (k_t is symmetric), so its size does not grow with
         the batch."""
         kernel = kernel_on(self.kernel, X.device)
         W = self.action.weights(X.dtype, X.device)[blocks]
@@ -76,7 +76,7 @@ class HarmonicFeatures(InducingFeatures):
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the
-        orbit and symmetric by construction (Cholesky reads one triangle; spec §8 pitfall 6)."""
+        orbit and symmetric by construction (Cholesky reads one triangle pitfall 6)."""
         device = self.Z.device if device is None else device
         kernel = kernel_on(self.kernel, device)
         if self.shared:
@@ -132,7 +132,7 @@ class HVGP(VariationalGP):
 
     Args:
         n_inducing: m, inducing inputs per sub-GP (T m in all; k-means initialised, the same for every block).
-        group: the symmetry the kernel and, ideally, the inputs' distribution share (spec §1, Thm 4.2):
+        group: the symmetry the kernel and, ideally, the inputs' distribution share (Thm 4.2):
             ``'pca_negation'`` (default; ``n_ways`` negations of interleaved PCA subspaces of the training inputs,
             T = 2^n_ways: the paper's regression benchmarks), ``'negation'`` (x -> -x, T = 2), ``'pixel_negation'``
             (``n_ways`` negations of interleaved coordinate sets: the paper's NEG on images), ``'cyclic_shift'``

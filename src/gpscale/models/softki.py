@@ -2,7 +2,7 @@
 
 Each input gets a dense row of softmax interpolation weights over m learned points Z [m, d],
 
-    w(x) = softmax_j(-||x - z_j||)   [m]        (Euclidean, not squared, distance; spec §3.1)
+    w(x) = softmax_j(-||x - z_j||)   [m]        (Euclidean, not squared, distance)
 
 and the kernel is interpolated from the inducing covariance ``K_zz = k(Z, Z)`` [m, m]:
 
@@ -22,7 +22,7 @@ so the variance is a squared norm, >= 0 by construction. The posterior is fitted
 without ever forming C^ or holding an n x m buffer.
 
 Training (Algorithm 1) minimises, per minibatch (X_b [B, d], y_b [B]), the sign-corrected Hutchinson pseudo-loss
-of ``log N(y_b | 0, Sigma_b)``, ``Sigma_b = W_b K_zz W_b^T + beta^2 I`` (spec §4.2), divided by B. The noise
+of ``log N(y_b | 0, Sigma_b)``, ``Sigma_b = W_b K_zz W_b^T + beta^2 I``, divided by B. The noise
 beta^2 is fixed at 1e-3 by default, as in the paper.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["SoftKI", "softmax_weights", "hutchinson_pseudo_log_likelihood"]
 
 CALIBRATION_MODES = (None, "variance", "posterior")
 
-# Lower bound of the learned per-dimension temperature, as in the official code (spec §3.1).
+# Lower bound of the learned per-dimension temperature, as in the official code.
 MIN_TEMPERATURE = 5e-5
 
 
@@ -59,7 +59,7 @@ def softmax_weights(X: Tensor, Z: Tensor) -> Tensor:
 
 
 def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: Tensor, probes: Tensor) -> Tensor:
-    """The Hutchinson pseudo-log-likelihood of Maddox et al. (2022), sign-corrected (spec §4.2, erratum 1), for
+    """The Hutchinson pseudo-log-likelihood of Maddox et al. (2022), sign-corrected (erratum 1), for
     ``Sigma = W K_zz W^T + beta^2 I``:
 
         log p~ = 1/2 b_0^T Sigma b_0 - 1/(2L) sum_j b_j^T Sigma a_j,    Sigma [b_0, b_1..b_L] = [y, a_1..a_L],
@@ -82,7 +82,7 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
     L = probes.shape[1]
     noise = noise.to(W.dtype)
     with torch.no_grad():
-        # detached: letting gradients flow through Sigma^{-1} flips the sign of the gradient (spec §10.2)
+        # detached: letting gradients flow through Sigma^{-1} flips the sign of the gradient
         Sigma = W @ Kzz @ W.T
         Sigma.diagonal().add_(noise)
         solves = torch.linalg.solve(Sigma, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
@@ -97,7 +97,7 @@ class SoftKI(GPModel):
     """Soft kernel interpolation: ``k~(x, x') = w(x)^T K_zz w(x')`` with softmax weights over m learned points.
 
     Use it for large n with moderate to high d (d >~ 10), where SKI's grids are impossible and SGPR/SVGP
-    underfit; at d <~ 8 SGPR or SVGP are usually more accurate (spec §8.2).
+    underfit; at d <~ 8 SGPR or SVGP are usually more accurate.
 
     Args:
         n_inducing: number of interpolation points m (k-means initialised, always learned).
@@ -126,7 +126,7 @@ class SoftKI(GPModel):
         kernel: the kernel of K_zz: a name or any :class:`~gpscale.kernels.Kernel` (``GPyTorchKernel`` for
             GPyTorch kernels). Default RBF with one shared lengthscale and an outputscale (``ard=False``), both
             initialised at ln 2, as the paper's ``ScaleKernel(RBFKernel())``.
-        noise, learn_noise: beta^2, fixed at 1e-3 by default as in the paper (spec §4.5: learning it worsened
+        noise, learn_noise: beta^2, fixed at 1e-3 by default as in the paper (the paper: learning it worsened
             RMSE on most UCI sets).
         **kwargs: other kernel, likelihood and chunking options of :class:`GPModel`.
     """
@@ -191,7 +191,7 @@ class SoftKI(GPModel):
 
     # --- training -------------------------------------------------------------------------------------------
     def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """``-log p~(y_b) / B`` on a minibatch X [B, d], y [B] (Algorithm 1, line 7; spec §4.3).
+        """``-log p~(y_b) / B`` on a minibatch X [B, d], y [B] (Algorithm 1, line 7).
 
         Plain SGD on each batch's own marginal likelihood: no n/B rescaling, so ``num_data`` is not used; the
         division by B makes it a per-point objective.
@@ -221,7 +221,7 @@ class SoftKI(GPModel):
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         self.clear_cache()  # a previous calibration must not be the starting point of this one
-        Lzz = self.Lzz()  # from the final hyperparameters, not the last batch's (spec §10.7)
+        Lzz = self.Lzz()  # from the final hyperparameters, not the last batch's
         if self.calibrate_noise is None:
             post = self.collapse(X, y, Lzz, comm)
             self.cache = {"Lzz": Lzz, "L_B": post.L_B, "w_mean": post.weight_mean}

@@ -9,7 +9,7 @@ product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperpa
 full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
 covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`)
 with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
-form (spec §4.7).
+form.
 
 The box is fixed at ``init`` from the training inputs: ``[min - margin r, max + margin r]`` per column, r its range.
 The induced kernel is accurate only a few lengthscales inside the box (at its ends the residual is about s^2 / 2 for
@@ -152,7 +152,7 @@ class FourierFeatures(InducingFeatures):
     def check_margin(self, X: Tensor) -> None:
         """Warn where the rows of X come closer than 2 lengthscales to an end of the box in a dimension that
         carries at least 1% of an additive kernel's variance: there the features miss more than about 2% of the
-        kernel's variance, and at the ends half of it (spec §9 pitfall 1, §10 check 5)."""
+        kernel's variance, and at the ends half of it."""
         room = torch.minimum(X.min(0).values.to(CORE) - self.lower, self.upper - X.max(0).values.to(CORE))
         short = room < 2 * self.kernel.lengthscale.detach().to(CORE)
         if self.additive:
@@ -242,7 +242,7 @@ class ODVFF(OrthogonallyDecoupledGP):
         self.fourier = FourierFeatures(base, int(n_frequencies))
         if extra is None:
             self.features = self.fourier
-        else:  # paper App. C: inducing points of the extra component join the covariance basis (spec §3.7)
+        else:  # paper App. C: inducing points of the extra component join the covariance basis
             self.extra = InducingPoints(extra, int(n_extra_inducing), n_features, learn=learn_inducing)
             self.features = StackedFeatures([self.fourier, self.extra], jitters=(jitter, EXTRA_JITTER))
         self.gamma.requires_grad_(learn_inducing)

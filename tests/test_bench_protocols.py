@@ -12,7 +12,8 @@ from gpscale.bench.runner import ESTIMATOR, TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
-from gpscale.models.grief import INIT_STRETCH, paper_n_eigen
+from gpscale.models.grief import paper_n_eigen
+from gpscale.models.grief_init import INIT_STRETCH
 
 ALL = sorted(PROTOCOLS)
 SOFTKI_PROTOCOLS = ("softki-table1", "softki-table2", "softki-md17", "softki-noise", "softki-scale")

@@ -76,7 +76,7 @@ def _sgpr(Z, solver="cholesky", **kwargs):
     model = _with_hypers(SGPR(D, n_inducing=M, jitter=0.0, solver=solver, outputscale=OUTPUTSCALE, noise=NOISE,
                               **kwargs).to(DT))
     with torch.no_grad():
-        model.Z.copy_(Z)
+        model.features.Z.copy_(Z)
     return model
 
 
@@ -278,7 +278,7 @@ def test_sgpr_gradients_equal_gpytorch(data, solver):
     peer.objective(X, y).backward()
     g_ours, g_peer = _constrained_grads_ours(ours), _constrained_grads_peer(peer)
     _close(g_ours, g_peer, atol_rel=1e-9, what="d bound / d (lengthscale, outputscale, noise)")
-    _close(ours.Z.grad, peer.model.covar_module.inducing_points.grad, atol_rel=1e-9, what="d bound / d Z")
+    _close(ours.features.Z.grad, peer.model.covar_module.inducing_points.grad, atol_rel=1e-9, what="d bound / d Z")
     # discriminates: the trace term alone moves the noise gradient by far more than the tolerance
     trace = (N * OUTPUTSCALE - _dense_nystrom(peer, X, X).trace()) / (2 * NOISE**2)  # d/d noise of -tr/(2 s2)
     assert trace.abs() > 1e3 * RTOL * g_peer[-1].abs()
@@ -330,8 +330,7 @@ def test_training_trajectories_agree(data, name):
     _close(peer.outputscale, ours.kernel.outputscale.detach(), rtol=1e-6, what="outputscale after training")
     _close(peer.noise, ours.noise.detach(), rtol=1e-6, what="noise after training")
     if name != "gpytorch-exact":
-        Z = ours.Z if name == "gpytorch-sgpr" else ours.features.Z
-        _close(peer.inducing_points, Z.detach(), rtol=1e-6, atol_rel=1e-9, what="Z after training")
+        _close(peer.inducing_points, ours.features.Z.detach(), rtol=1e-6, atol_rel=1e-9, what="Z after training")
     # and the trained models predict alike (y-moments; SGPR: GPyTorch's FITC default is not compared)
     if name != "gpytorch-sgpr":
         mean, var = ours.likelihood.predictive(*ours.predict(X[:50]))

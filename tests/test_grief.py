@@ -28,22 +28,18 @@ from gpscale.kernels.grid import (
     top_eigenvalues,
 )
 from gpscale.linalg import NotPSDError, NumericalWarning, conjugate_gradients
-from gpscale.models import _linear, get_model_class
+from gpscale.models import _weight_space, get_model_class, grief_init
 from gpscale.models.exact import ExactGP
-from gpscale.models.grief import (
-    GRIEF,
-    INIT_STRETCH,
-    SPREAD_FACTORS,
-    _spread_lengthscale,
-    _white_noise_loss,
+from gpscale.models.grief import GRIEF, paper_n_eigen
+from gpscale.models.grief_i_evidence import (
     orthogonal_log_likelihood,
     orthogonal_predict,
     orthogonalise,
-    paper_n_eigen,
     reweighted_log_likelihood,
     reweighted_predict,
     row_space_log_likelihood,
 )
+from gpscale.models.grief_init import INIT_STRETCH, SPREAD_FACTORS, _spread_lengthscale, _white_noise_loss
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -103,7 +99,7 @@ def random_problem(n, p, seed=0):
 
 
 def statistics(Phi, y, chunk_size=7):
-    return _linear.accumulate(lambda P: P, Phi, y, chunk_size=chunk_size)
+    return _weight_space.accumulate(lambda P: P, Phi, y, chunk_size=chunk_size)
 
 
 # --- 1, 2, 3. Algorithm 1 -------------------------------------------------------------------------------------------
@@ -256,7 +252,7 @@ def test_19_the_grief_preconditioner_cuts_conjugate_gradient_iterations():
     K = outputscale * se_ard(X, X, lengthscale) + model.noise * torch.eye(2000, dtype=F64)
     b = torch.randn(2000, generator=g, dtype=F64)
     M_inv = model.preconditioner(X)
-    Phi = model.features(X)
+    Phi = model.phi(X)
     torch.testing.assert_close(M_inv(b), torch.linalg.solve(Phi @ Phi.T + model.noise * torch.eye(2000, dtype=F64),
                                                             b), rtol=1e-8, atol=1e-8)
     x_plain, plain = conjugate_gradients(lambda v: K @ v, b, tol=1e-8)
@@ -495,14 +491,14 @@ def test_14_type2_evidence_equals_the_dense_evidence_of_the_nystrom_kernel():
     X, y = toy()
     model = grief_model(X, y)
     with torch.no_grad():
-        Phi = model.features(X)
+        Phi = model.phi(X)
         assert Phi.shape == (40, 12)
         expected = dense_log_evidence(Phi @ Phi.T, y, model.noise)
         torch.testing.assert_close(model.log_marginal_likelihood(X, y), expected, rtol=1e-10, atol=0)
     # with p = m the model's features give SoR of its SE-ARD kernel on its grid: the hyperparameters are wired
     full = grief_model(X, y, n_eigen=36)
     with torch.no_grad():
-        Phi = full.features(X)
+        Phi = full.phi(X)
         U = torch.cartesian_prod(*full.grids())
         Kxu = se_ard(X, U, (0.7, 0.45), 1.3)
         sor = Kxu @ torch.linalg.solve(kron(grid_factors(full.grids(), *full.hyperparameters())), Kxu.T)
@@ -576,7 +572,7 @@ def test_13_model_predictions_equal_the_dense_gp_and_need_no_training_data():
     model.fit_posterior(X[:40], y[:40])
     mean, var = model.predict(X[40:])
     with torch.no_grad():
-        Phi, Phi_s = model.features(X[:40]), model.features(X[40:])
+        Phi, Phi_s = model.phi(X[:40]), model.phi(X[40:])
         dense = dense_predictive(Phi @ Phi.T, Phi @ Phi_s.T, (Phi_s**2).sum(-1), y[:40], model.noise)
     torch.testing.assert_close(mean, dense[0], rtol=0, atol=1e-10)
     torch.testing.assert_close(var, dense[1], rtol=0, atol=1e-10)
@@ -601,7 +597,7 @@ def test_chunked_evidence_gradient_and_predictions_equal_one_shot():
     # the streamed statistics are the ones of the held features
     stats = chunked.statistics(X, y)
     with torch.no_grad():
-        Phi = one_shot.features(X)
+        Phi = one_shot.phi(X)
     torch.testing.assert_close(stats.A, Phi.T @ Phi, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(stats.b, Phi.T @ y, rtol=1e-12, atol=1e-12)
 
@@ -695,7 +691,7 @@ def test_training_initialises_from_an_exact_gp_and_matches_its_accuracy():
 def test_the_evidence_maximising_noise_is_the_dense_evidences_argmax(n, p):
     Phi, y, _ = random_problem(n, p, seed=3)
     y = Phi @ torch.randn(p, generator=torch.Generator().manual_seed(4), dtype=F64) + 0.3 * y
-    found = _linear.evidence_maximising_noise(statistics(Phi, y), 1e-4, 1e4)
+    found = _weight_space.evidence_maximising_noise(statistics(Phi, y), 1e-4, 1e4)
     grid = torch.logspace(-4, 4, 4001, dtype=F64)  # steps of 0.5%
     dense = torch.stack([dense_log_evidence(Phi @ Phi.T, y, s2) for s2 in grid])
     assert found == pytest.approx(grid[dense.argmax()].item(), rel=0.01)
@@ -705,8 +701,8 @@ def test_the_evidence_maximising_noise_is_the_dense_evidences_argmax(n, p):
     else:  # an interior maximum; a box that excludes it gives its nearer end
         assert 1e-3 < found < 1
         stats = statistics(Phi, y)
-        assert _linear.evidence_maximising_noise(stats, 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
-        assert _linear.evidence_maximising_noise(stats, 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
+        assert _weight_space.evidence_maximising_noise(stats, 3 * found, 1e4) == pytest.approx(3 * found, rel=1e-6)
+        assert _weight_space.evidence_maximising_noise(stats, 1e-4, found / 3) == pytest.approx(found / 3, rel=1e-6)
 
 
 def interpolating_problem():
@@ -727,7 +723,7 @@ def test_the_initial_noise_maximises_the_grief_evidence_where_the_exact_gp_inter
     with torch.no_grad():
         evidence = [model.log_marginal_likelihood(X, y).item()]
         for factor in (0.7, 1.4):
-            model._set_noise(torch.tensor(s2 * factor, dtype=F64))
+            model.likelihood.set_noise(s2 * factor)
             evidence.append(model.log_marginal_likelihood(X, y).item())
     assert evidence[0] > max(evidence[1:])  # the maximiser over sigma^2 at the exact GP's theta
     assert 0.01 < s2 < 1 and model.likelihood.raw_noise.item() > -5  # far from the floor: softplus has a gradient
@@ -781,7 +777,7 @@ def test_an_exact_gp_that_explains_nothing_restarts_from_lengthscales_spread_to_
     y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(400, generator=g, dtype=F64)
     y = (y - y.mean()) / y.std()
     model = GRIEF(32, n_eigen=100, init_exact_points=400).double()
-    stuck, fitted = model._fit_exact_gp(X, y, model.kernel)
+    stuck, fitted = grief_init.fit_exact_gp(model, X, y, model.kernel)
     assert fitted.loss >= _white_noise_loss(y) - 1e-3  # the trap is real
     assert torch.allclose(stuck.kernel.lengthscale, model.kernel.lengthscale)
     model.init(X, y)
@@ -799,15 +795,15 @@ def test_the_restart_fits_from_each_spread_factor_and_keeps_the_largest_evidence
     y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(200, generator=g, dtype=F64)
     y = (y - y.mean()) / y.std()
     fits = []
-    real_fit = GRIEF._fit_exact_gp
+    real_fit = grief_init.fit_exact_gp
 
-    def recorded(self, Xs, ys, kernel):
+    def recorded(model, Xs, ys, kernel):
         start = kernel.lengthscale.detach().clone()
-        exact, fitted = real_fit(self, Xs, ys, kernel)
+        exact, fitted = real_fit(model, Xs, ys, kernel)
         fits.append((start, fitted.loss, exact.kernel.lengthscale.detach().clone()))
         return exact, fitted
 
-    monkeypatch.setattr(GRIEF, "_fit_exact_gp", recorded)
+    monkeypatch.setattr(grief_init, "fit_exact_gp", recorded)
     model = GRIEF(32, n_eigen=50, init_exact_points=200, init_stretch=(1,)).double()
     model.init(X, y)
     assert SPREAD_FACTORS == (1.0, 0.5)
@@ -832,7 +828,7 @@ def test_a_failed_exact_gp_keeps_the_constructors_theta_with_a_warning(monkeypat
         model.init(X, y)
     torch.testing.assert_close(model.kernel.lengthscale, torch.full((2,), 0.9, dtype=F64))
     assert model.kernel.outputscale.item() == pytest.approx(1.1)
-    assert model.noise.item() == pytest.approx(model.max_evidence_noise(X, y).item())  # still GRIEF's own
+    assert model.noise.item() == pytest.approx(grief_init.max_evidence_noise(model, X, y).item())  # still GRIEF's own
 
 
 def test_the_multi_start_keeps_the_start_with_the_largest_evidence():
@@ -840,7 +836,7 @@ def test_the_multi_start_keeps_the_start_with_the_largest_evidence():
     model = GRIEF(2, n_eigen=10, grid_size=8, init_stretch=(1,)).double()
     model.init(X, y)  # the exact GP's theta, sigma^2 at GRIEF's evidence maximiser
     model.init_stretch = (1.0, 4.0, 16.0)
-    found = model.stretched_starts(X, y)
+    found = grief_init.stretched_starts(model, X, y)
     assert [factor for factor, _ in found] == [1.0, 4.0, 16.0]
     losses = [loss for _, loss in found]
     assert len(set(losses)) == 3 and all(map(math.isfinite, losses))  # three different optima
@@ -850,7 +846,7 @@ def test_the_multi_start_keeps_the_start_with_the_largest_evidence():
     again = GRIEF(2, n_eigen=10, grid_size=8, init_stretch=(1,)).double()
     again.init(X, y)
     again.init_stretch = (1.0,)
-    assert again.stretched_starts(X, y)[0][1] == pytest.approx(losses[0], rel=1e-12)
+    assert grief_init.stretched_starts(again, X, y)[0][1] == pytest.approx(losses[0], rel=1e-12)
 
 
 def test_a_multi_start_that_cannot_be_evaluated_keeps_the_exact_gps_theta(monkeypatch):
@@ -864,7 +860,7 @@ def test_a_multi_start_that_cannot_be_evaluated_keeps_the_exact_gps_theta(monkey
 
     monkeypatch.setattr(GRIEF, "loss", fails)
     model.init_stretch = (1.0, 4.0)
-    assert all(loss == math.inf for _, loss in model.stretched_starts(X, y))
+    assert all(loss == math.inf for _, loss in grief_init.stretched_starts(model, X, y))
     torch.testing.assert_close(model.kernel.lengthscale.detach(), exact_ls, rtol=0, atol=0)
 
 
@@ -900,7 +896,7 @@ def test_the_multi_start_lengthens_an_input_the_exact_gp_cannot_see():
         if blind_warnings:
             assert "inputs [2]" in str(blind_warnings[0].message) and "init_stretch" in str(blind_warnings[0].message)
         with torch.no_grad():
-            variance = ((model.features(X) ** 2).sum(1).mean() / model.kernel.outputscale).item()
+            variance = ((model.phi(X) ** 2).sum(1).mean() / model.kernel.outputscale).item()
             results[stretch] = (model.kernel.lengthscale[2].item(), variance, model.loss(X, y, X.shape[0]).item())
     (blind, variance, loss), (stretched, variance_ms, loss_ms) = results[(1,)], results[INIT_STRETCH]
     assert blind == pytest.approx(math.log(2), rel=1e-9)
@@ -917,7 +913,7 @@ def test_energy_fold_0_the_stretched_start_finds_a_far_better_evidence():
     model = GRIEF(ds.d, n_eigen=100, init_stretch=(1,)).double()
     model.init(X, y)
     model.init_stretch = (1.0, 8.0)
-    (_, single), (_, stretched) = model.stretched_starts(X, y)
+    (_, single), (_, stretched) = grief_init.stretched_starts(model, X, y)
     assert stretched < single - 0.2
 
 

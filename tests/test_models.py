@@ -7,7 +7,7 @@ from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
 from gpscale.models import get_model_class
-from gpscale.models import _linear
+from gpscale.models import _linear, _weight_space
 from gpscale.models.base import NotFittedPosteriorError
 from gpscale.models.exact import ExactGP
 from gpscale.models.sgpr import SGPR
@@ -19,7 +19,7 @@ HYPERS = dict(lengthscale=0.6, outputscale=1.4, noise=0.05)
 def build(cls, X, Z=None, **options):
     model = cls(X.shape[1], **HYPERS, **options).double()
     if Z is not None:
-        z_param = model.Z if hasattr(model, "Z") else model.features.Z
+        z_param = model.features.Z
         with torch.no_grad():
             z_param.copy_(Z)
     return model
@@ -238,19 +238,19 @@ def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
     Phi = torch.randn(40, 6, generator=g, dtype=torch.float64)
     y = torch.randn(40, generator=g, dtype=torch.float64)
     noise = torch.tensor(0.3, dtype=torch.float64)
-    stats = _linear.accumulate(lambda X: X, Phi, y, chunk_size=9)
-    post = _linear.collapse_cholesky(stats, noise)
+    stats = _weight_space.accumulate(lambda X: X, Phi, y, chunk_size=9)
+    post = _weight_space.collapse_cholesky(stats, noise)
     dense = MultivariateNormal(torch.zeros(40, dtype=torch.float64), Phi @ Phi.T + noise * torch.eye(40))
-    torch.testing.assert_close(_linear.log_evidence(post, noise), dense.log_prob(y))
-    torch.testing.assert_close(_linear.residual_quad(Phi, y, post.weight_mean, noise, chunk_size=9), post.quad)
+    torch.testing.assert_close(_weight_space.log_evidence(post, noise), dense.log_prob(y))
+    torch.testing.assert_close(_weight_space.residual_quad(Phi, y, post.weight_mean, noise, chunk_size=9), post.quad)
     # posterior of w: N(Sigma Phi^T y / s2, Sigma), Sigma = (I + Phi^T Phi / s2)^-1
     Sigma = torch.linalg.inv(torch.eye(6, dtype=torch.float64) + Phi.T @ Phi / noise)
     torch.testing.assert_close(post.weight_mean, Sigma @ Phi.T @ y / noise)
     Xs = torch.randn(5, 6, generator=g, dtype=torch.float64)
-    mean, var = _linear.predict_linear(post.L_B, post.weight_mean, Xs)
+    mean, var = _weight_space.predict_linear(post.L_B, post.weight_mean, Xs)
     torch.testing.assert_close(var, ((Xs @ Sigma) * Xs).sum(-1))
-    qr_post = _linear.collapse_qr(lambda X: X, Phi, y, noise, chunk_size=9)
-    torch.testing.assert_close(_linear.log_evidence(qr_post, noise), dense.log_prob(y))
+    qr_post = _weight_space.collapse_qr(lambda X: X, Phi, y, noise, chunk_size=9)
+    torch.testing.assert_close(_weight_space.log_evidence(qr_post, noise), dense.log_prob(y))
 
 
 def test_noise_and_kernel_hyperparameters_start_at_the_requested_values():
@@ -286,7 +286,7 @@ def test_sgpr_auto_solver_uses_qr_in_float32_and_stays_close_to_float64():
     ref = build(SGPR, X, Z=X[::10], n_inducing=30)
     m32 = SGPR(2, n_inducing=30).float()
     m32.load_state_dict(ref.state_dict())
-    with patch.object(_linear, "collapse_qr", wraps=_linear.collapse_qr) as qr:
+    with patch.object(_linear, "collapse_qr", wraps=_weight_space.collapse_qr) as qr:
         bound32 = m32.elbo(X.float(), y.float())
         assert qr.called
         ref.elbo(X, y)

@@ -304,14 +304,14 @@ def test_14_stacked_matrix_uses_the_upper_factor(setting):
     X, _, Z, _ = setting
     model = build(Z, noise=1e-3)
     with torch.no_grad():
-        L, K, W, s2 = model.Lzz(), model.Kzz(), model.weights(X), model.noise
+        L, K, W, s2 = model.feature_state()["Lzz"], model.Kzz(), model.weights(X), model.noise
         Khat = W @ K
         C = K + Khat.T @ Khat / s2
         for factor, ok in ((L.T, True), (L, False)):  # U = L^T has U^T U = K_zz; the paper's U U^T does not
             A = torch.cat([Khat / s2.sqrt(), factor])
             assert ((A.T @ A - C).norm() < 1e-10 * C.norm()) == ok
         # the model's features are the rows of [Phi / beta; I] L_zz^T = A: Phi Phi^T = Q~
-        Phi = model.features(L)(X)
+        Phi = model.feature_map({"Lzz": L})(X)
         torch.testing.assert_close(Phi @ Phi.T, Qtilde(model, X, X), rtol=0, atol=1e-12)
 
 

@@ -73,7 +73,7 @@ def test_the_optimiser_takes_the_models_parameter_groups():
     # the default: one group of every trainable parameter (the frozen inducing points excluded), Adam's defaults
     assert len(seen[0]) == 1 and seen[0][0]["weight_decay"] == 0
     assert {id(p) for p in seen[0][0]["params"]} == {id(p) for p in model.parameters() if p.requires_grad}
-    assert all(p is not model.Z for p in seen[0][0]["params"])
+    assert all(p is not model.features.Z for p in seen[0][0]["params"])
     groups = [{"params": [model.likelihood.raw_noise], "weight_decay": 0.5}]
     with patch.object(model, "parameter_groups", return_value=groups), patch("torch.optim.Adam", spy):
         fit(model, X, y, epochs=1, progress=False)

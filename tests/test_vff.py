@@ -94,7 +94,7 @@ def test_8_the_collapsed_bound_equals_the_dense_titsias_bound(structure):
     model.init(X, y)
     with torch.no_grad():
         ours = model.elbo(X, y)
-        expected = dense_titsias_bound(model.kernel(X, X), model.Kuf(X), model.Kuu(), y, model.noise)
+        expected = dense_titsias_bound(model.kernel(X, X), model.features.Kuf(X), model.features.Kuu(), y, model.noise)
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
 
 

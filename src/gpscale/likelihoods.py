@@ -50,6 +50,13 @@ class Gaussian(nn.Module):
         """sigma^2, a scalar tensor."""
         return self.noise_floor + softplus(self.raw_noise)
 
+    @torch.no_grad()
+    def set_noise(self, noise: float | Tensor) -> None:
+        """Set sigma^2 (a number or a scalar tensor): ``raw = inverse_softplus(sigma^2 - floor)``, computed in
+        float64; a value at or below the floor is held at the smallest excess above it."""
+        excess = torch.as_tensor(noise, dtype=torch.float64) - self.noise_floor
+        self.raw_noise.copy_(inverse_softplus(excess.clamp_min(torch.finfo(torch.float64).tiny)).to(self.raw_noise))
+
     def predictive(self, mean: Tensor, var: Tensor) -> tuple[Tensor, Tensor]:
         """Moments of p(y*) = ∫ p(y* | f*) N(f* | mean, var) df*: ``(mean, var + sigma^2)``."""
         return mean, var + self.noise.to(var.dtype)

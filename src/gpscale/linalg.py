@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "CORE",
     "NotPSDError",
     "NumericalWarning",
     "cholesky",
@@ -32,6 +33,10 @@ __all__ = [
     "StreamingQR",
     "conjugate_gradients",
 ]
+
+# The dtype of every small core (m x m, r x r, p x p) and its factorisations, whatever the model's dtype: their
+# condition numbers grow with n / sigma^2 and with cond(K_uu), which float32 cannot hold.
+CORE = torch.float64
 
 
 class NotPSDError(RuntimeError):

@@ -470,7 +470,7 @@ def copy_hyperparameters(ours, peer: PeerModel) -> PeerModel:
         base.outputscale = ours.kernel.outputscale.detach().to(peer.dtype)
         peer.likelihood.noise = noise.reshape(1).to(peer.dtype)
         if isinstance(ours, (SGPR, SVGP)):
-            Z = ours.Z if isinstance(ours, SGPR) else ours.features.Z
+            Z = ours.features.Z
             if Z.shape[0] != peer.n_inducing:
                 raise ValueError(f"Numbers of inducing points differ: ours {Z.shape[0]}, peer {peer.n_inducing}.")
             peer._set_inducing_points(Z.detach())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..models.grief import INIT_STRETCH
+from ..models.grief_init import INIT_STRETCH
 
 __all__ = ["MethodSpec", "Protocol", "PROTOCOLS", "get_protocol", "register_protocol"]
 

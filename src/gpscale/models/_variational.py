@@ -1,6 +1,7 @@
 """Engine for every SVGP-family method, generic over inducing features.
 
-A method supplies an :class:`InducingFeatures` object with ``Kuu()``, ``Kuf(X)`` and ``Kff_diag(X)``.
+A method supplies an :class:`~gpscale.models.inducing.InducingFeatures` object with ``Kuu()``, ``Kuf(X)`` and
+``Kff_diag(X)``.
 
 :class:`VariationalGP` keeps a whitened ``q(v) = N(m, S S^T)`` with ``u = L v``, ``L L^T = Kuu``, so the prior is
 N(0, I) and
@@ -30,70 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import (NotPSDError, NumericalWarning, cholesky, inverse_cholesky, logdet_from_cholesky, solve_lower,
-                      solve_upper)
-from ..operators import BlockDiagonal, DenseSPD
+from ..linalg import (CORE, NotPSDError, NumericalWarning, cholesky, inverse_cholesky, logdet_from_cholesky,
+                      solve_lower, solve_upper)
 from .base import GPModel, PredictiveFactors
-from .inducing import kmeans_centers
+from .inducing import jittered_cholesky, kmeans_centers
 
-__all__ = ["InducingFeatures", "StackedFeatures", "VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
-
-CORE = torch.float64
-
-
-class InducingFeatures(nn.Module):
-    """Inter-domain inducing features: the covariances the variational engine needs."""
-
-    num_inducing: int
-
-    def Kuu(self) -> Tensor:  # pragma: no cover - interface
-        """[m, m]"""
-        raise NotImplementedError
-
-    def Kuf(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
-        """[m, n]"""
-        raise NotImplementedError
-
-    def Kff_diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
-        """[n]"""
-        raise NotImplementedError
-
-    def Kuu_operator(self, jitter: float = 0.0):
-        """Kuu (float64) as an operator with ``solve``, ``logdet``, ``to_dense`` (:mod:`gpscale.operators`).
-        Default: dense, through its Cholesky factor, with ``jitter`` on the diagonal; structured features override
-        this."""
-        Kuu = self.Kuu().to(CORE)
-        return DenseSPD(Kuu + jitter * torch.eye(Kuu.shape[0], dtype=CORE, device=Kuu.device),
-                        what="inducing covariance Kuu")
-
-
-class StackedFeatures(InducingFeatures):
-    """The features of several independent components of f = f_1 + f_2 + ... stacked: Kuf is their rows stacked,
-    Kuu block diagonal (no cross-covariance between independent components), Kff_diag the sum of the components'.
-
-    Args:
-        parts: one :class:`InducingFeatures` per component, each over its own component's kernel.
-        jitters: the jitter each part's Kuu takes (inducing points need some; Fourier features none).
-    """
-
-    def __init__(self, parts: list[InducingFeatures], jitters: tuple[float, ...]):
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-        self.jitters = tuple(float(j) for j in jitters)
-        self.num_inducing = sum(part.num_inducing for part in parts)
-
-    def Kuu_operator(self, jitter: float = 0.0) -> BlockDiagonal:
-        """Each part's Kuu with that part's own jitter (``jitter`` is not used)."""
-        return BlockDiagonal([part.Kuu_operator(j) for part, j in zip(self.parts, self.jitters)])
-
-    def Kuu(self) -> Tensor:
-        return self.Kuu_operator().to_dense()
-
-    def Kuf(self, X: Tensor) -> Tensor:
-        return torch.cat([part.Kuf(X).to(CORE) for part in self.parts])
-
-    def Kff_diag(self, X: Tensor) -> Tensor:
-        return sum(part.Kff_diag(X) for part in self.parts)
+__all__ = ["VariationalGP", "OrthogonallyDecoupledGP", "gauss_kl_whitened"]
 
 
 def gauss_kl_whitened(q_mu: Tensor, q_sqrt: Tensor) -> Tensor:
@@ -189,9 +132,7 @@ class VariationalGP(GPModel):
 
     def cholesky_Kuu(self, Kuu: Tensor) -> Tensor:
         """The Cholesky factor of ``Kuu + jitter I`` [..., m, m] in float64."""
-        Kuu = Kuu.to(CORE)
-        eye = torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
-        return cholesky(Kuu + self.jitter * eye, what="inducing covariance Kuu")
+        return jittered_cholesky(Kuu, self.jitter)
 
     def prior_kl(self, q_sqrt: Tensor | None = None, q_mu: Tensor | None = None) -> Tensor:
         q_sqrt = self.q_sqrt if q_sqrt is None else q_sqrt

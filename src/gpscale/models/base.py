@@ -96,6 +96,7 @@ class GPModel(nn.Module):
     """
 
     key: str = ""
+    renamed_state: dict[str, str] = {}  # state-dict keys of earlier versions -> today's, for model files
     sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
@@ -258,14 +259,30 @@ class GPModel(nn.Module):
         cache keeps, so :meth:`clear_cache` (called by training before every step after a validation pass)
         restores it and the training loss never sees the calibrated value. A validation pass refits the posterior,
         so early stopping scores the calibrated model. Call after :meth:`clear_cache`."""
-        raw = self.likelihood.raw_noise
-        self.cache["training_raw_noise"] = raw.detach().clone()
-        raw.copy_(inverse_softplus(torch.tensor(noise - self.likelihood.noise_floor, dtype=raw.dtype)))
+        self.cache["training_raw_noise"] = self.likelihood.raw_noise.detach().clone()
+        self.likelihood.set_noise(noise)
 
     def noise_search_bounds(self, mean_square: float) -> tuple[float, float]:
         """[noise floor + 1e-8, 10 E[y^2]]: where a post-training noise search looks, for targets of mean square
         ``mean_square``."""
         return self.likelihood.noise_floor + 1e-8, max(10.0 * mean_square, 1e-6)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As ``torch.nn.Module.load_state_dict``, for the state of this or an earlier version: keys in
+        ``renamed_state`` take their new names, and a submodule this model holds under several names (a kernel that
+        its inducing features hold too) is filled in under the names an earlier version did not save."""
+        state = dict(state_dict)
+        for old, new in self.renamed_state.items():
+            if old in state and new not in state:
+                state[new] = state.pop(old)
+        aliases: dict[int, list[str]] = {}
+        for name, value in self.state_dict(keep_vars=True).items():
+            aliases.setdefault(id(value), []).append(name)
+        for names in aliases.values():
+            saved = [name for name in names if name in state]
+            for name in names if saved else ():
+                state.setdefault(name, state[saved[0]])
+        return super().load_state_dict(state, strict=strict, assign=assign)
 
     def get_extra_state(self) -> dict[str, Tensor]:
         # the posterior cache travels with state_dict(), so a saved model predicts without its training data

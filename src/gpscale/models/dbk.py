@@ -6,7 +6,8 @@ A network phi: R^d -> R^r outputs r basis functions, and the kernel is their inn
 
 a truncated Mercer expansion with the eigenvalues absorbed into the bases: no output scale, no orthogonality and no
 normalisation, so the prior variance k(x, x) = ||phi(x)||^2 depends on x. In weight space f(x) = phi(x)^T w with
-w ~ N(0, I_r) (eq. 7): a Bayesian linear model, so exact inference is the linear engine's (``_linear.py``) with
+w ~ N(0, I_r) (eq. 7): a Bayesian linear model, so exact inference is the linear engine's
+(:class:`~gpscale.models._linear.FeatureSpaceGP`) with
 ``Lambda = Phi^T Phi + sigma^2 I = sigma^2 B``, in O(n r^2) time and O(n r) memory, never n x n:
 
     log p(y)  = -n/2 log 2 pi - (n - r)/2 log sigma^2 - 1/2 log|Lambda| - 1/2 y^T Sigma^{-1} y        (eq. 5)
@@ -48,21 +49,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from ..distributed import LOCAL, Comm
-from ..kernels import Kernel, inverse_softplus
-from . import _linear
-from ._linear import CORE
-from ._variational import gauss_kl_whitened
 from .._stack import user_stacklevel
-from .base import GPModel, PredictiveFactors, register
+from ..distributed import LOCAL, Comm
+from ..kernels import Kernel
+from ..linalg import CORE
+from ._linear import Features, FeatureSpaceGP
+from ._weight_space import accumulate, log_evidence, maximise_over_noise
+from .base import GPModel, register
 
-__all__ = ["DeepBasisKernel", "DBK", "SVDBK", "ExtrapolationWarning", "mlp", "residual_mlp", "prior_variance",
+__all__ = ["DeepBasisKernel", "DeepBasisModel", "DBK", "ExtrapolationWarning", "mlp", "residual_mlp", "prior_variance",
            "variance_correction", "trace_penalty"]
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
@@ -269,7 +268,7 @@ class DeepBasisModel(GPModel):
         if "x_lower" in self.cache:  # model files written before the box was recorded have none
             warn_outside_box(X, self.cache["x_lower"], self.cache["x_upper"])
 
-    def predictive_correction(self, Phi: Tensor) -> Tensor:
+    def predictive_extra(self, Phi: Tensor) -> Tensor:
         """c(x*) [c] for test rows Phi [c, r] (float64) against the training k_max; zero without the correction."""
         if not self.correction:
             return torch.zeros(Phi.shape[0], dtype=CORE, device=Phi.device)
@@ -320,38 +319,27 @@ def _check_options(*, n_basis, network, depth, width, activation, weight_decay, 
 
 # --- exact inference ----------------------------------------------------------------------------------------------
 @register("dbk")
-class DBK(DeepBasisModel):
-    """Deep basis kernel GP with exact inference, trained full batch (Algorithm 9.1).
+class DBK(DeepBasisModel, FeatureSpaceGP):
+    """Deep basis kernel GP with exact inference, trained full batch (Algorithm 9.1) on the linear engine.
 
     Each step computes Phi [n, r] for all n rows, because the trace penalty's max couples them; the network runs
     in chunks of ``chunk_size`` rows, each checkpointed when there are several, so its activations are held for
-    one chunk at a time. ``Phi^T Phi`` and its Cholesky are float64 whatever the model dtype (pitfall 2).
+    one chunk at a time, and the evidence's data fit is in residual form. ``Phi^T Phi`` and its Cholesky are
+    float64 whatever the model dtype: the network's float32 rows would lose the evidence's small differences.
     For n beyond a few 10^5, use ``svdbk``.
 
     Args: those of :class:`DeepBasisModel`.
     """
 
-    full_batch = True
-    data_parallel = "statistics"
+    residual_evidence = True
 
-    def features(self, X: Tensor) -> Tensor:
-        """Phi = phi(X) [n, r], computed ``chunk_size`` rows at a time."""
-        chunks = X.split(self.chunk_size)
-        if torch.is_grad_enabled() and len(chunks) > 1:
-            return torch.cat([checkpoint(self.kernel.basis, Xc, use_reentrant=False) for Xc in chunks])
-        return torch.cat([self.kernel.basis(Xc) for Xc in chunks])
+    def feature_map(self, state: dict[str, Tensor]) -> Features:
+        """``x -> phi(x)``, the network's bases (no state: the network's weights are its parameters)."""
+        return Features(self.kernel.basis)
 
-    def posterior(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> _linear.Collapsed:
-        """The engine's posterior of w from basis rows Phi [n, r] and targets y [n] (every process's rows)."""
-        stats = _linear.accumulate(_linear.in_memory, Phi, y.to(CORE), chunk_size=self.chunk_size,
-                                     recompute=False, comm=comm)
-        return _linear.collapse_cholesky(stats, self.noise)
-
-    def evidence(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
-        """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (eq. 5) with the cancellation-free data fit (float64 scalar)."""
-        post = self.posterior(Phi, y, comm)
-        quad = _linear.residual_quad(Phi, y, post.weight_mean, self.noise, chunk_size=self.chunk_size, comm=comm)
-        return _linear.log_evidence(replace(post, quad=quad), self.noise)
+    def solver_for(self, X: Tensor, posterior: bool) -> str:
+        """Cholesky: every pass holds Phi [n, r], whose Gram matrix is float64."""
+        return "cholesky"
 
     def heteroscedastic_rows(self, Phi: Tensor, y: Tensor, k_max: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rows scaled for the corrected model: ``Phi^ = D^{-1/2} Phi`` [n, r], ``y^ = D^{-1/2} y``
@@ -361,22 +349,18 @@ class DBK(DeepBasisModel):
         scale = D.rsqrt()
         return Phi * scale.unsqueeze(-1), y * scale, D
 
-    def log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
-        """log p(y) of eq. 5 in O(n r^2) (float64 scalar, differentiable)."""
-        return self.evidence(self.features(X), y)
-
     def corrected_log_marginal_likelihood(self, X: Tensor, y: Tensor) -> Tensor:
         """``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)``, the evidence of the corrected model that the training
         objective bounds (for diagnostics): ``log N(y^ | 0, Phi^ Phi^^T + sigma^2 I) - 1/2 sum log D``."""
-        Phi = self.features(X)
+        Phi = self.phi(X)
         Phi_hat, y_hat, D = self.heteroscedastic_rows(Phi, y, prior_variance(Phi).max())
-        return self.evidence(Phi_hat, y_hat) - 0.5 * D.to(CORE).log().sum()
+        return self.evidence_of(Phi_hat, y_hat) - 0.5 * D.to(CORE).log().sum()
 
     def objective(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``J = log p(y) - tr(C_XX) / (2 sigma^2)`` (eq. 5 minus the penalty of eq. 11), or log p(y) without the
         correction (float64 scalar), over every process's rows."""
-        Phi = self.features(X)
-        lml = self.evidence(Phi, y, comm)
+        Phi = self.phi(X)
+        lml = self.evidence_of(Phi, y, comm)
         return lml - comm.all_reduce_sum(self.penalty(Phi, X.shape[0], comm)) if self.correction else lml
 
     def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
@@ -386,171 +370,33 @@ class DBK(DeepBasisModel):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         self.record_training_box(X, comm)
-        Phi = self.features(X)
+        Phi = self.phi(X)
         if self.correction:
             self.cache["k_max"] = comm.all_reduce_max(prior_variance(Phi).max().to(CORE))
         if self.calibrate_noise:
-            self.set_calibrated_noise(self.evidence_optimal_noise(Phi, y, comm))
+            self.set_calibrated_noise(self.corrected_optimal_noise(Phi, y, comm))
         if self.correction:  # the corrected GP is the plain one on rows scaled by D^{-1/2}
             Phi, y, _ = self.heteroscedastic_rows(Phi, y, self.cache["k_max"])
-        post = self.posterior(Phi, y, comm)
+        post = self.posterior_of(Phi, y, comm)
         self.cache.update(L_B=post.L_B, w_mean=post.weight_mean)
 
-    def evidence_optimal_noise(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
+    def corrected_optimal_noise(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
         """``argmax_{sigma^2} log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` for the basis rows Phi [n, r] fixed
         (C_XX = 0 without the correction). Without it, O(r) per evaluation from Phi^T Phi's eigenvalues
-        (:func:`_linear.evidence_maximising_noise`); with it, O(n r^2) on rows scaled by ``(sigma^2 + c_i)^{-1/2}``:
-        the evidence is ``log N(y^ | 0, Phi^ Phi^^T + I) - 1/2 sum_i log(sigma^2 + c_i)``."""
+        (:meth:`~gpscale.models._linear.FeatureSpaceGP.evidence_optimal_noise`); with it, O(n r^2) on rows scaled
+        by ``(sigma^2 + c_i)^{-1/2}``: the evidence is ``log N(y^ | 0, Phi^ Phi^^T + I) - 1/2 sum_i log(sigma^2 +
+        c_i)``."""
         Phi, y = Phi.to(CORE), y.to(CORE)
-        stats = _linear.accumulate(_linear.in_memory, Phi, y, chunk_size=self.chunk_size, recompute=False, comm=comm)
-        bounds = self.noise_search_bounds(float(stats.yy) / stats.n)
+        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, recompute=False, comm=comm)
         if not self.correction:
-            return _linear.evidence_maximising_noise(stats, *bounds)
-        c = self.predictive_correction(Phi)
+            return self.evidence_optimal_noise(stats)
+        c = self.predictive_extra(Phi)
         one = torch.ones((), dtype=CORE, device=Phi.device)
 
         def log_evidence_at(s2: float) -> float:
             scale = (s2 + c).rsqrt()
-            stats = _linear.accumulate(_linear.in_memory, Phi * scale.unsqueeze(-1), y * scale,
-                                       chunk_size=self.chunk_size, recompute=False, comm=comm)
-            post = _linear.collapse_cholesky(stats, one)
-            return float(_linear.log_evidence(post, one) + comm.all_reduce_sum(scale.log().sum()))
+            post = self.posterior_of(Phi * scale.unsqueeze(-1), y * scale, comm, noise=one)
+            return float(log_evidence(post, one) + comm.all_reduce_sum(scale.log().sum()))
 
-        return _linear.maximise_over_noise(log_evidence_at, *bounds, grid_points=60)
-
-    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Mean ``phi*^T alpha`` and variance ``sigma^2 ||L_Lambda^-1 phi*||^2 + c(x*)`` (eqs. 6 and 12; alpha
-        and Lambda of the scaled rows with the correction); the correction c(x*) is independent between rows."""
-        Phi = self.kernel.basis(X).to(CORE)  # [c, r]
-        mean, _, U, _ = _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
-        return PredictiveFactors(mean, None, U, self.predictive_correction(Phi))
-
-
-# --- stochastic variational inference -----------------------------------------------------------------------------
-@register("svdbk")
-class SVDBK(DeepBasisModel):
-    """Deep basis kernel GP with stochastic variational inference on w (SVDBK), trained on minibatches.
-
-    ``q(w) = N(m, L L^T)`` with ``L = tril(raw, -1) + diag(softplus(raw_diag))``, so diag(L) > 0 and log|L L^T| is
-    finite; it starts at the prior (m = 0, L = I). Each step costs O(b r^2). Prediction needs k_max over the whole
-    training set, which :meth:`fit_posterior` computes in one pass.
-
-    Args: those of :class:`DeepBasisModel`.
-    """
-
-    def __init__(self, n_features: int, **kwargs):
-        super().__init__(n_features, **kwargs)
-        r = self.n_basis
-        # the correction's k_max is the maximum over the whole batch, which every part of it needs
-        self.data_parallel = "batch" if self.correction else "rows"
-        self.q_mu = nn.Parameter(torch.zeros(r))
-        self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
-        self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))
-
-    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        super().init(X, y, seed)
-        with torch.no_grad():  # q(w) = p(w), whatever an earlier fit left
-            self.q_mu.zero_()
-            self.q_sqrt_tril.zero_()
-            self.q_sqrt_diag.copy_(inverse_softplus(torch.ones_like(self.q_sqrt_diag)))
-
-    @property
-    def q_sqrt(self) -> Tensor:
-        """L [r, r], lower triangular with a positive diagonal."""
-        return torch.tril(self.q_sqrt_tril, -1) + torch.diag(nn.functional.softplus(self.q_sqrt_diag))
-
-    def elbo_from_basis(self, Phi: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """Eq. 9 from basis rows Phi [b, r] and targets y [b] (float64 scalar):
-
-            (n / b) sum_i [log N(y_i | m^T phi_i, sigma^2) - ||L^T phi_i||^2 / (2 sigma^2)] - KL(q(w) || N(0, I)).
-        """
-        L = self.q_sqrt.to(Phi.dtype)
-        mean = Phi @ self.q_mu.to(Phi.dtype)  # [b]
-        var = ((Phi @ L) ** 2).sum(-1)  # ||L^T phi_i||^2: rows phi_i^T L (pitfall 8)
-        expected = self.likelihood.expected_log_prob(y, mean, var).sum()
-        return (num_data / Phi.shape[0]) * expected.to(CORE) - gauss_kl_whitened(self.q_mu.to(CORE), L.to(CORE))
-
-    def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """Unbiased minibatch estimate of the ELBO (eq. 8) of a set of ``num_data`` points; tight at q = p(w | y)."""
-        return self.elbo_from_basis(self.kernel.basis(X), y, num_data)
-
-    def objective(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """The ELBO minus the batch trace penalty, or the ELBO without the correction."""
-        Phi = self.kernel.basis(X)
-        elbo = self.elbo_from_basis(Phi, y, num_data)
-        return elbo - self.penalty(Phi, num_data) if self.correction else elbo
-
-    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
-        if comm.world_size == 1:
-            return -self.objective(X, y, num_data) / num_data
-        return -self.objective_part(X, y, num_data, comm, share) / num_data
-
-    def objective_part(self, X: Tensor, y: Tensor, num_data: int, comm: Comm, share: float) -> Tensor:
-        """This process's part of :meth:`objective` for a batch split over processes, X [b_r, d] holding a
-        ``share`` b_r / B of its rows (possibly none): the parts, weighted by their shares, sum to the objective.
-
-        k_max, the batch's maximum prior variance, comes from a forward all-gather. Its gradient is not
-        differentiated through a collective, whose backward pass ranks with different graphs would interleave
-        differently with DistributedDataParallel's reductions. The objective's derivative with respect to k_max is
-        N / (2 sigma^2) whatever the split, so the rank holding the maximum adds a zero-valued term with exactly
-        that gradient through its own maximum."""
-        Phi = self.kernel.basis(X)
-        k = prior_variance(Phi).to(CORE)
-        local_max = k.max() if k.numel() else torch.tensor(-math.inf, dtype=CORE, device=k.device)
-        maxima = comm.all_gather(local_max.detach().reshape(1))
-        if not X.shape[0]:
-            return torch.zeros((), dtype=CORE, device=k.device)
-        k_max, noise = maxima.max(), self.noise.to(CORE)
-        objective = self.elbo_from_basis(Phi, y, num_data) - trace_penalty(k, k_max, noise, num_data)
-        if comm.rank == int(maxima.argmax()):
-            objective = objective - num_data / (2 * noise.detach()) * (local_max - local_max.detach()) / share
-        return objective
-
-    @torch.no_grad()
-    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        # q(w) is the posterior; the correction also needs the training k_max
-        self.clear_cache()  # a previous calibration must not be the starting point of this one
-        self.record_training_box(X, comm)
-        self.cache.update(q_mu=self.q_mu.detach().to(CORE), q_sqrt=self.q_sqrt.detach().to(CORE))
-        if not self.calibrate_noise:
-            if self.correction:
-                self.cache["k_max"] = comm.all_reduce_max(self.max_prior_variance(X))
-            return
-        e, k = self.expected_squared_errors(X, y)  # one pass serves k_max and the noise search
-        c = torch.zeros_like(k)
-        if self.correction:
-            self.cache["k_max"] = comm.all_reduce_max(k.max())
-            c = variance_correction(k, self.cache["k_max"])
-        self.set_calibrated_noise(self.expected_log_likelihood_optimal_noise(e, c, y, comm))
-
-    @torch.no_grad()
-    def expected_squared_errors(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||L^T phi_i||^2`` and the prior variances
-        ``k_i = ||phi_i||^2`` of the rows X [n, d], y [n]: two [n] float64 vectors, in one chunked pass."""
-        errors, variances = [], []
-        for Xc, yc in zip(X.split(self.chunk_size), y.split(self.chunk_size)):
-            Phi = self.kernel.basis(Xc).to(CORE)
-            spread = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
-            errors.append((yc.to(CORE) - Phi @ self.cache["q_mu"]) ** 2 + spread)
-            variances.append(prior_variance(Phi))
-        return torch.cat(errors), torch.cat(variances)
-
-    def expected_log_likelihood_optimal_noise(self, e: Tensor, c: Tensor, y: Tensor, comm: Comm = LOCAL) -> float:
-        """``argmax_{sigma^2} sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)`` with q(w) and the network fixed,
-        ``-1/2 sum_i [log 2 pi s_i + e_i / s_i]`` with ``s_i = sigma^2 + c_i``, from the expected squared errors
-        e [n] and corrections c [n] of this process's rows y [n]: O(n) per evaluation."""
-        total = comm.all_reduce_sum(torch.stack([(y.to(CORE) ** 2).sum(), torch.tensor(y.shape[0], dtype=CORE)]))
-        bounds = self.noise_search_bounds(float(total[0] / total[1]))
-
-        def expected_log_likelihood_at(s2: float) -> float:
-            s = s2 + c
-            return float(comm.all_reduce_sum(-0.5 * ((2 * math.pi * s).log() + e / s).sum()))
-
-        return _linear.maximise_over_noise(expected_log_likelihood_at, *bounds, grid_points=60)
-
-    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""
-        Phi = self.kernel.basis(X).to(CORE)  # [c, r]
-        return PredictiveFactors(Phi @ self.cache["q_mu"], None, (Phi @ self.cache["q_sqrt"]).T,
-                                 self.predictive_correction(Phi))
-
+        return maximise_over_noise(log_evidence_at, *self.noise_search_bounds(float(stats.yy) / stats.n),
+                                   grid_points=60)

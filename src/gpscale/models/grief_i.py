@@ -1,9 +1,9 @@
-"""GP-GRIEF-I: type-I inference on re-weighted grid eigenfunctions (Evans & Nair, ICML 2018; spec
-shared/specs/grief.md §3.8-3.10).
+"""GP-GRIEF-I: type-I inference on re-weighted grid eigenfunctions (Evans & Nair, ICML 2018, Section 3.2).
 
 The SE-ARD hyperparameters theta stay at the paper's initialisation (an exact GP on at most 1000 rows,
-:meth:`GRIEF.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise sigma_0^2 is by default the
-maximiser of the w = 1 GRIEF evidence at that theta (``init_noise="grief"``; the paper: the exact GP's sigma^2).
+:func:`~gpscale.models.grief_init.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise
+sigma_0^2 is by default the maximiser of the w = 1 GRIEF evidence at that theta (``init_noise="grief"``; the paper:
+the exact GP's sigma^2). The evidences are :mod:`gpscale.models.grief_i_evidence`.
 One streamed pass gives ``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of
 
     k~(x, z) = sum_i w_i phi_i(x) phi_i(z),    y = f + eps,  eps ~ N(0, sigma^2),
@@ -15,7 +15,7 @@ sigma_0^2, variance 0.04), starting at their mode. The step size adapts during b
 * ``"reweighted"``: eq. 18, u = w on the features themselves, O(p^3) per step; O(q^2 p) in the row space of Phi
   when its rank q is well below p (n < p), the same model.
 * ``"orthogonal"``: the weights ``w~ = s^2 u`` on the orthogonalised basis ``Phi~ = U_s``, O(p) per
-  step. The chain runs on the weights *relative to* ``s^2`` (pitfall 10): u = 1 is the w = 1 Nyström model, and the
+  step. The chain runs on the weights *relative to* ``s^2``: u = 1 is the w = 1 Nyström model, and the
   paper's (mode 1, variance 100) prior on u is the prior of w~ / s^2, so the start is again the prior mode and
   the w = 1 model. (A (mode 1, variance 100) prior on w~ itself would put the Nyström model, w~ = s^2 ~ n mu_i,
   far in the prior's tail.) It is a different model from eq. 16: its basis depends on the data.
@@ -55,11 +55,11 @@ from ..mcmc import (
     split_rhat,
     transformed_log_target,
 )
-from . import _linear
-from ._linear import CORE
+from ..linalg import CORE
+from ._weight_space import Statistics, collapse_cholesky
 from .base import PredictiveFactors, register
-from .grief import (
-    GRIEF,
+from .grief import GRIEF
+from .grief_i_evidence import (
     orthogonal_log_likelihood,
     orthogonalise,
     reweighted_log_likelihood,
@@ -93,7 +93,7 @@ class _Reweighted:
 
     name = "reweighted"
 
-    def __init__(self, stats: _linear.Statistics):
+    def __init__(self, stats: Statistics):
         self.stats = stats
         self.dim = stats.A.shape[0]
         basis = orthogonalise(stats)
@@ -121,7 +121,7 @@ class _Reweighted:
 
     def _features_posterior(self, w: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
         """beta's posterior mean [p] and covariance ``sigma^2 P^{-1}`` [p, p] at one sample, from A."""
-        post = _linear.collapse_cholesky(weighted(self.stats, w), s2)
+        post = collapse_cholesky(weighted(self.stats, w), s2)
         root = w.sqrt()
         # sigma^2 P^{-1} = W^{1/2} B^{-1} W^{1/2}, B = L_B L_B^T = I + W^{1/2} A W^{1/2} / sigma^2: the engine's
         # well-conditioned B rather than P, whose sigma^2 / w diagonal can be tiny
@@ -136,11 +136,11 @@ class _Reweighted:
 
 
 class _Orthogonal:
-    """Spec §3.9: weights ``w~ = s^2 u`` [q] on the orthogonal basis ``phi~ = V^T phi / s``; O(q) per evaluation."""
+    """Weights ``w~ = s^2 u`` [q] on the orthogonal basis ``phi~ = V^T phi / s``; O(q) per evaluation."""
 
     name = "orthogonal"
 
-    def __init__(self, stats: _linear.Statistics):
+    def __init__(self, stats: Statistics):
         self.basis = orthogonalise(stats)
         self.dim = self.basis.s.shape[0]
 
@@ -243,7 +243,7 @@ class GRIEFI(GRIEF):
             self.seed_.fill_(int(seed))
 
     # --- the MCMC target ----------------------------------------------------------------------------------------
-    def make_solver(self, stats: _linear.Statistics) -> _Reweighted | _Orthogonal:
+    def make_solver(self, stats: Statistics) -> _Reweighted | _Orthogonal:
         """The evidence solver that ``self.solver`` selects for statistics of n rows."""
         orthogonal = self.solver == "orthogonal" or (self.solver == "auto" and stats.n > ORTHOGONAL_ABOVE)
         return _Orthogonal(stats) if orthogonal else _Reweighted(stats)
@@ -276,8 +276,8 @@ class GRIEFI(GRIEF):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         """One statistics pass over (X, y), MALA, then the mixture moments of the weights (module docstring)."""
         _check_mcmc_options(self)  # posterior options may have been set as attributes since construction
-        spectrum = self.spectrum()  # kept: the cache must hold the eigenvectors (signs included) of Phi
-        stats = self.statistics(X, y, comm, spectrum)
+        state = self.feature_state()  # kept: the cache must hold the eigenvectors (signs included) of Phi
+        stats = self.statistics(X, y, comm, state)
         solver = self.make_solver(stats)
         result = mala(self.log_target(solver), self.start(solver), n_iterations=int(self.n_iterations),
                       burn_in=int(self.burn_in), thin=int(self.thin), step_size=float(self.step_size),
@@ -285,11 +285,11 @@ class GRIEFI(GRIEF):
         x = result.flat_samples
         noise = x[:, -1].exp()
         mean, cov = solver.weight_moments(x[:, :-1].exp(), noise)
-        self.cache = {**self.spectrum_cache(spectrum), "weight_mean": mean, "weight_cov": cov,
+        self.cache = {**state, "weight_mean": mean, "weight_cov": cov,
                       "samples": result.samples}
         # likelihood.predictive then adds E[sigma^2]: the mixture's variance of y* is E[var f*] + Var[mean f*] +
         # E[sigma^2]
-        self._set_noise(noise.mean())
+        self.likelihood.set_noise(noise.mean())
         self.solver_ = solver.name
         self.mcmc_summary_ = _summarise(result)
         _warn_if_unconverged(self.mcmc_summary_, self)
@@ -297,7 +297,7 @@ class GRIEFI(GRIEF):
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:
         """The mixture's mean ``phi*^T m`` and covariance ``phi*^T C phi*'`` as ``U^T U``, ``U = C^{1/2} Phi^T``;
         O(c p^2)."""
-        Phi = self.feature_map(self.cached_spectrum())(X).to(CORE)
+        Phi = self.feature_map(self.cache)(X).to(CORE)
         return PredictiveFactors(Phi @ self.cache["weight_mean"], None, self.weight_cov_sqrt() @ Phi.T)
 
     def weight_cov_sqrt(self) -> Tensor:

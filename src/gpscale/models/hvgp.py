@@ -23,9 +23,9 @@ from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, I
                                 Product, check_invariant, harmonic_gram, orbit_gram,
                                 pca_directions, subspace_negations)
 from ..linalg import solve_lower
-from ._variational import InducingFeatures, VariationalGP
+from ._variational import VariationalGP
 from .base import register
-from .inducing import kmeans_centers
+from .inducing import InducingFeatures, kmeans_centers
 
 __all__ = ["HarmonicFeatures", "HVGP"]
 

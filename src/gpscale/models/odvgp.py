@@ -10,8 +10,7 @@ from torch import Tensor
 
 from ._variational import OrthogonallyDecoupledGP
 from .base import register
-from .inducing import kmeans_centers
-from .svgp import InducingPoints
+from .inducing import InducingPoints, kmeans_centers
 
 __all__ = ["ODVGP"]
 

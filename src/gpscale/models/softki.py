@@ -8,7 +8,8 @@ and the kernel is interpolated from the inducing covariance ``K_zz = k(Z, Z)`` [
 
     k~(x, x') = w(x)^T K_zz w(x'),     Q~_xx = W_xz K_zz W_xz^T.
 
-With ``K_zz = L_zz L_zz^T`` (float64 core) this is a Bayesian linear model (``_linear.py``) with features
+With ``K_zz = L_zz L_zz^T`` (float64 core) this is a Bayesian linear model
+(:class:`~gpscale.models._linear.FeatureSpaceGP`) with features
 ``phi(x) = L_zz^T w(x)`` [m] and weights ``v ~ N(0, I)`` (the inducing values are ``u = L_zz v ~ N(0, K_zz)``).
 The engine's posterior is the spec's §5 posterior: with ``B = I + Phi^T Phi / beta^2`` and
 ``C^ = K_zz + K^_zx K^_xz / beta^2 = L_zz B L_zz^T`` (``K^_xz = W_xz K_zz``),
@@ -31,16 +32,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
-from ..linalg import cholesky
-from . import _linear
-from .base import GPModel, PredictiveFactors, register
+from ..linalg import CORE, cholesky
+from ._linear import Features, FeatureSpaceGP
+from .base import register
 from .inducing import kmeans_centers
 
 __all__ = ["SoftKI", "softmax_weights", "hutchinson_pseudo_log_likelihood"]
-
-CALIBRATION_MODES = (None, "variance", "posterior")
 
 # Lower bound of the learned per-dimension temperature, as in the official code.
 MIN_TEMPERATURE = 5e-5
@@ -93,7 +91,7 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
 
 
 @register("softki")
-class SoftKI(GPModel):
+class SoftKI(FeatureSpaceGP):
     """Soft kernel interpolation: ``k~(x, x') = w(x)^T K_zz w(x')`` with softmax weights over m learned points.
 
     Use it for large n with moderate to high d (d >~ 10), where SKI's grids are impossible and SGPR/SVGP
@@ -106,9 +104,9 @@ class SoftKI(GPModel):
             ``w(x) = softmax(-||x / T - z||)``: it divides only x, as in the official code's ``use_T``. Off in
             every paper run (the paper's weights have no temperature).
         solver: posterior fit and :meth:`log_marginal_likelihood` by ``'qr'`` (streamed TSQR, the paper's stable
-            solve, the default) or ``'cholesky'`` (Cholesky of the whitened normal matrix I + Phi^T Phi / beta^2:
-            fewer flops and runs under torchrun; whitening by L_zz keeps K_zz's conditioning out of it, but its
-            condition number still grows like n / beta^2, which QR takes only the square root of).
+            solve, the default), ``'cholesky'`` (Cholesky of the whitened normal matrix I + Phi^T Phi / beta^2:
+            fewer flops; whitening by L_zz keeps K_zz's conditioning out of it, but its condition number still
+            grows like n / beta^2, which QR takes only the square root of) or ``'auto'`` (QR for the posterior).
         calibrate_noise: after training, re-estimate beta^2 in :meth:`fit_posterior` by maximising the exact
             evidence ``log N(y | 0, Q~ + beta^2 I)`` over beta^2 alone (Z and the kernel fixed). The paper's
             fixed 1e-3 is overconfident on held-out data; both modes fix the calibration of the variance:
@@ -132,22 +130,18 @@ class SoftKI(GPModel):
     """
 
     posterior_options = ("calibrate_noise",)
+    full_batch = False
     data_parallel = "gather"  # each batch's own marginal likelihood couples its rows: every rank holds them all
 
     def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
                  solver: str = "qr", calibrate_noise: str | None = "variance", *, ard: bool = False,
                  noise: float = 1e-3, learn_noise: bool = False, **kwargs):
-        super().__init__(n_features, ard=ard, noise=noise, learn_noise=learn_noise, **kwargs)
-        if solver not in ("cholesky", "qr"):
-            raise ValueError(f"solver must be 'cholesky' or 'qr', got {solver!r}.")
+        super().__init__(n_features, solver=solver, calibrate_noise=calibrate_noise, ard=ard, noise=noise,
+                         learn_noise=learn_noise, **kwargs)
         if n_probes < 1:
             raise ValueError(f"n_probes must be at least 1, got {n_probes}.")
         self.n_inducing = int(n_inducing)
         self.n_probes = int(n_probes)
-        self.solver = solver
-        if calibrate_noise not in CALIBRATION_MODES:
-            raise ValueError(f"calibrate_noise must be one of {CALIBRATION_MODES}, got {calibrate_noise!r}.")
-        self.calibrate_noise = calibrate_noise
         self.Z = nn.Parameter(torch.zeros(self.n_inducing, self.n_features))
         if learn_temperature:
             self.raw_temperature = nn.Parameter(
@@ -177,17 +171,14 @@ class SoftKI(GPModel):
         """K_zz = k(Z, Z) [m, m], in the model dtype, without jitter (jitter only on a failed Cholesky)."""
         return self.kernel(self.Z, self.Z)
 
-    def Lzz(self) -> Tensor:
-        """Lower Cholesky factor L_zz [m, m] of K_zz, float64 (jittered only if the factorisation fails)."""
-        return cholesky(self.Kzz().to(_linear.CORE), what="interpolation-point covariance K_zz")
+    def feature_state(self) -> dict[str, Tensor]:
+        """``{"Lzz": L_zz}``, the lower Cholesky factor of K_zz (float64; jittered only if the factorisation
+        fails)."""
+        return {"Lzz": cholesky(self.Kzz().to(CORE), what="interpolation-point covariance K_zz")}
 
-    def features(self, Lzz: Tensor):
+    def feature_map(self, state: dict[str, Tensor]) -> Features:
         """``x -> phi(x) = L_zz^T w(x)``: X [c, d] -> Phi = W_xz L_zz [c, m] (float64), so Phi Phi^T = Q~_xx."""
-
-        def phi(X: Tensor) -> Tensor:
-            return self.weights(X).to(_linear.CORE) @ Lzz
-
-        return phi
+        return Features(lambda X: self.weights(X).to(CORE) @ state["Lzz"])
 
     # --- training -------------------------------------------------------------------------------------------
     def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
@@ -198,51 +189,3 @@ class SoftKI(GPModel):
         """
         probes = torch.randn(X.shape[0], self.n_probes, dtype=X.dtype, device=X.device)
         return -hutchinson_pseudo_log_likelihood(self.weights(X), self.Kzz(), self.noise, y, probes) / X.shape[0]
-
-    def statistics(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL) -> _linear.Statistics:
-        """``Phi^T Phi``, ``Phi^T y`` and ``y^T y`` in one streamed pass over (X [n, d], y [n]), float64."""
-        # y in float64 like the features, so that Phi^T y is accumulated at the precision of the core
-        return _linear.accumulate(self.features(Lzz), X, y.to(_linear.CORE), chunk_size=self.chunk_size, comm=comm)
-
-    def collapse(self, X: Tensor, y: Tensor, Lzz: Tensor, comm: Comm = LOCAL,
-                 stats: _linear.Statistics | None = None) -> _linear.Collapsed:
-        """The collapsed posterior of the whitened inducing values v, in one streamed pass over (X [n, d], y [n]);
-        the Cholesky solver takes already accumulated ``stats`` instead of that pass."""
-        if self.solver == "qr":
-            return _linear.collapse_qr(self.features(Lzz), X, y, self.noise, chunk_size=self.chunk_size, comm=comm)
-        return _linear.collapse_cholesky(stats if stats is not None else self.statistics(X, y, Lzz, comm), self.noise)
-
-    def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
-        """The exact ``log N(y | 0, W_xz K_zz W_xz^T + beta^2 I)`` (eq. 18) in O(m^2 n) time and O(chunk x m)
-        memory (float64 scalar, differentiable). For monitoring and tests: training uses the pseudo-loss."""
-        return _linear.log_evidence(self.collapse(X, y, self.Lzz(), comm), self.noise)
-
-    # --- posterior ------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        self.clear_cache()  # a previous calibration must not be the starting point of this one
-        Lzz = self.Lzz()  # from the final hyperparameters, not the last batch's
-        if self.calibrate_noise is None:
-            post = self.collapse(X, y, Lzz, comm)
-            self.cache = {"Lzz": Lzz, "L_B": post.L_B, "w_mean": post.weight_mean}
-            return
-        # one pass for Phi^T Phi and Phi^T y: the noise search, and the posterior under the calibrated noise
-        stats = self.statistics(X, y, Lzz, comm)
-        trained = self.collapse(X, y, Lzz, comm, stats) if self.calibrate_noise == "variance" else None
-        self.set_calibrated_noise(self.evidence_optimal_noise(stats))
-        # Cholesky is safe here whatever the solver: the calibrated noise is the evidence's optimum, far above
-        # the tiny training noise that made the normal matrix ill-conditioned
-        calibrated = _linear.collapse_cholesky(stats, self.noise)
-        mean_from = trained if trained is not None else calibrated
-        self.cache.update(Lzz=Lzz, L_B=calibrated.L_B, w_mean=mean_from.weight_mean)
-
-    def evidence_optimal_noise(self, stats: _linear.Statistics) -> float:
-        """``argmax_{beta^2} log N(y | 0, Phi Phi^T + beta^2 I)`` with the features fixed, over
-        :meth:`noise_search_bounds` (:func:`_linear.evidence_maximising_noise`)."""
-        return _linear.evidence_maximising_noise(stats, *self.noise_search_bounds(float(stats.yy) / stats.n))
-
-    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Latent mean ``w(x*)^T L_zz E[v]`` and covariance ``U^T U``, ``U = L_B^{-1} L_zz^T w(x*)``, where v are
-        the whitened weights of the features ``L_zz^T w(x)`` and ``L_B L_B^T`` their posterior precision."""
-        Phi = self.features(self.cache["Lzz"])(X)  # [c, m]
-        return _linear.weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)

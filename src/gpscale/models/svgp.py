@@ -2,33 +2,13 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..kernels import Kernel
-from ._variational import InducingFeatures, VariationalGP
+from ._variational import VariationalGP
 from .base import register
-from .inducing import kmeans_centers
+from .inducing import InducingPoints, kmeans_centers
 
-__all__ = ["InducingPoints", "SVGP"]
-
-
-class InducingPoints(InducingFeatures):
-    """u = f(Z) for inducing inputs Z [m, d]."""
-
-    def __init__(self, kernel: Kernel, m: int, d: int, learn: bool = True):
-        super().__init__()
-        self.kernel = kernel
-        self.num_inducing = int(m)
-        self.Z = nn.Parameter(torch.zeros(m, d), requires_grad=learn)
-
-    def Kuu(self) -> Tensor:
-        return self.kernel(self.Z, self.Z)
-
-    def Kuf(self, X: Tensor) -> Tensor:
-        return self.kernel(self.Z, X)
-
-    def Kff_diag(self, X: Tensor) -> Tensor:
-        return self.kernel.diag(X)
+__all__ = ["SVGP"]
 
 
 @register("svgp")

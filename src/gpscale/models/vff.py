@@ -5,7 +5,7 @@ The inducing variables are RKHS projections of f onto a harmonic Fourier basis o
 D (2F + 1) features with K_uu block diagonal over dimensions, or product, (2F + 1)^D features with K_uu a Kronecker
 product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperparameters.
 
-``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.sgpr.CollapsedGP`), trained
+``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models._linear.CollapsedGP`), trained
 full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
 covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`)
 with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
@@ -28,11 +28,11 @@ from ..kernels import SOFTPLUS_ZERO, Kernel, Periodic, Sum
 from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
 from ..operators import DiagPlusLowRank, Kronecker
-from ._variational import CORE, InducingFeatures, OrthogonallyDecoupledGP, StackedFeatures
+from ..linalg import CORE
+from ._linear import CollapsedGP
+from ._variational import OrthogonallyDecoupledGP
 from .base import register
-from .inducing import kmeans_centers
-from .sgpr import CollapsedGP
-from .svgp import InducingPoints
+from .inducing import InducingFeatures, InducingPoints, StackedFeatures, kmeans_centers
 
 __all__ = ["FourierFeatures", "VFF", "ODVFF", "VFFSVGP", "STRUCTURES", "separable_kernel"]
 
@@ -179,28 +179,25 @@ class VFF(CollapsedGP):
         kernel: ``'matern12'``, ``'matern32'`` (default) or ``'matern52'``, made separable per ``structure``;
             or an :class:`AdditiveMatern` / :class:`ProductMatern`. Initial total variance ``outputscale``
             (default 1, the variance of standardised y; split evenly over dimensions when additive).
-        **kwargs: ``solver`` and the options of :class:`~gpscale.models.sgpr.CollapsedGP`.
+        solver: ``'auto'`` (default), ``'cholesky'`` or ``'qr'``; see
+            :class:`~gpscale.models._linear.FeatureSpaceGP`. K_uu needs no jitter.
+        **kwargs: the likelihood and chunking options of :class:`~gpscale.models.base.GPModel`.
     """
 
     def __init__(self, n_features: int, n_frequencies: int = 32, structure: str = "additive",
-                 margin: float = 1.0, kernel: str | Kernel = "matern32", **kwargs):
+                 margin: float = 1.0, kernel: str | Kernel = "matern32", *, solver: str = "auto", **kwargs):
         _check_fourier_options(n_features, n_frequencies, structure, margin)
         base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
                                 kwargs.pop("outputscale", 1.0))
         kwargs.pop("ard", None)  # separable kernels have a lengthscale per dimension
-        super().__init__(n_features, kernel=base, **kwargs)
+        super().__init__(n_features, kernel=base, solver=solver, **kwargs)
         self.margin = float(margin)
         self.structure = structure
         self.fourier = FourierFeatures(self.kernel, int(n_frequencies))
+        self.features = self.fourier  # as ODVFF's: the engine's name and the method's
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         self.fourier.set_box(*box_with_margin(X, self.margin))
-
-    def Kuu(self) -> Tensor:
-        return self.fourier.Kuu()
-
-    def Kuf(self, X: Tensor) -> Tensor:
-        return self.fourier.Kuf(X).to(X.dtype)
 
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         self.fourier.check_margin(X)

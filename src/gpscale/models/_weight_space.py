@@ -1,0 +1,219 @@
+"""The weight-space view of a GP (Rasmussen & Williams 2006, Section 2.1) in the form the linear engine streams it.
+
+A Bayesian linear model ``f(x) = phi(x)^T w``, ``w ~ N(0, I)``, ``y = f + eps``, ``eps ~ N(0, sigma^2)``, needs
+of its n rows only the sufficient statistics
+
+    A = sum_i phi_i phi_i^T  [r, r],   b = sum_i phi_i y_i  [r],   yy = sum_i y_i^2,   n,
+
+accumulated over row chunks (memory O(chunk x r), never n x n) and summed across processes by ``comm``.
+With ``B = I + A / sigma^2 = L_B L_B^T`` and ``c = L_B^{-1} b / sigma^2``:
+
+    log p(y) = -n/2 log(2 pi sigma^2) - log|L_B| - 1/2 (yy / sigma^2 - c^T c)
+    w | y ~ N(L_B^{-T} c, B^{-1}).
+
+The stable path (:func:`collapse_qr`) never forms A: it takes the TSQR of ``[Phi / sigma, y / sigma; I, 0]``,
+whose R factor holds ``L_B^T``, ``c`` and the residual, so small noise does not square the condition number.
+Everything here is float64 (the r x r core); features come in the caller's dtype.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+from scipy.optimize import minimize_scalar
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from ..distributed import LOCAL, Comm
+from ..linalg import CORE, StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
+from .base import PredictiveFactors
+
+__all__ = ["Statistics", "Collapsed", "FeatureMap", "accumulate", "collapse_cholesky", "collapse_qr",
+           "residual_quad", "log_evidence", "weight_space_factors", "predict_linear", "evidence_maximising_noise",
+           "maximise_over_noise"]
+
+FeatureMap = Callable[[Tensor], Tensor]  # X [c, d] -> Phi [c, r]
+
+
+@dataclass
+class Statistics:
+    """Sufficient statistics of a Bayesian linear model over n rows (all float64)."""
+
+    A: Tensor  # [r, r], Phi^T Phi
+    b: Tensor  # [r], Phi^T y
+    yy: Tensor  # [], y^T y
+    n: int
+    prior_trace: Tensor  # [], sum_i k(x_i, x_i) when the method supplies it (the trace term), else 0
+
+
+@dataclass
+class Collapsed:
+    """The posterior of w in factored form."""
+
+    L_B: Tensor  # [r, r] lower, L_B L_B^T = I + Phi^T Phi / sigma^2
+    c: Tensor  # [r], L_B^{-1} Phi^T y / sigma^2
+    quad: Tensor  # [], y^T (Phi Phi^T + sigma^2 I)^{-1} y = yy / sigma^2 - c^T c
+    n: int
+    feature_trace: Tensor  # [], tr(Phi^T Phi) = sum_i ||phi_i||^2
+    prior_trace: Tensor  # [], sum_i k(x_i, x_i) when the method supplies it, else 0
+
+    @property
+    def weight_mean(self) -> Tensor:
+        """E[w | y] = L_B^{-T} c, [r]."""
+        return torch.linalg.solve_triangular(self.L_B.T, self.c.unsqueeze(-1), upper=True).squeeze(-1)
+
+
+def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
+    Phi = features(Xc)  # [c, r]
+    A = gram(Phi).to(CORE)
+    b = (Phi.T @ yc.to(Phi.dtype)).to(CORE)
+    trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE)
+    return A, b, trace
+
+
+def accumulate(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, prior_diag: FeatureMap | None = None,
+               whiten: Tensor | None = None, comm: Comm = LOCAL, recompute: bool = True) -> Statistics:
+    """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows.
+
+    With ``whiten = L`` [r, r] (lower triangular, float64), ``features`` returns raw features ``psi`` and the
+    model's features are ``phi = L^{-1} psi``: the statistics are whitened once on the r x r core,
+    ``A = L^{-1} (Psi^T Psi) L^{-T}``, instead of solving with L on every row. In float64 this costs half the
+    flops of whitening each chunk; the rounding of ``Psi^T Psi`` is amplified by cond(L)^2, so float32 models
+    (and tiny noise) should use :func:`collapse_qr`, which whitens row by row.
+
+    When gradients are on and there is more than one chunk, each chunk is checkpointed: its features are
+    recomputed in the backward pass instead of stored, so the memory of a gradient step stays O(chunk x r).
+    ``recompute=False`` skips that for features already held in memory (``X`` is Phi itself), where recomputing
+    would only repeat the chunk's Gram product.
+    """
+    chunks = list(zip(X.split(chunk_size), y.split(chunk_size)))
+    recompute = recompute and torch.is_grad_enabled() and len(chunks) > 1
+    A = b = trace = None
+    for Xc, yc in chunks:
+        if recompute:
+            parts = checkpoint(_chunk_statistics, features, prior_diag, Xc, yc, use_reentrant=False)
+        else:
+            parts = _chunk_statistics(features, prior_diag, Xc, yc)
+        A, b, trace = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2])
+    yy = (y.to(CORE) ** 2).sum()
+    A, b, yy, trace = (comm.all_reduce_sum(t) for t in (A, b, yy, trace))
+    if whiten is not None:
+        A = solve_lower(whiten, solve_lower(whiten, A).T)  # L^{-1} A L^{-T} (A is symmetric)
+        b = solve_lower(whiten, b.unsqueeze(-1)).squeeze(-1)
+    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    return Statistics(A=A, b=b, yy=yy, n=n, prior_trace=trace)
+
+
+def collapse_cholesky(stats: Statistics, noise: Tensor) -> Collapsed:
+    """Posterior from the statistics by Cholesky of ``B = I + A / sigma^2`` (fast; fine unless sigma^2 is tiny)."""
+    s2 = noise.to(CORE)
+    r = stats.A.shape[0]
+    B = torch.eye(r, dtype=CORE, device=stats.A.device) + stats.A / s2
+    L_B = cholesky(B, what="posterior precision I + Phi^T Phi / sigma^2")
+    c = solve_lower(L_B, stats.b.unsqueeze(-1)).squeeze(-1) / s2
+    return Collapsed(L_B=L_B, c=c, quad=stats.yy / s2 - c @ c, n=stats.n,
+                     feature_trace=stats.A.diagonal().sum(), prior_trace=stats.prior_trace)
+
+
+def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, chunk_size: int,
+                prior_diag: FeatureMap | None = None, comm: Comm = LOCAL) -> Collapsed:
+    """Posterior by streamed QR of ``[Phi / sigma, y / sigma; I, 0]``: stable for any noise level.
+
+    The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``.
+    """
+    sigma = noise.to(CORE).sqrt()
+    qr = StreamingQR()
+    feature_trace = prior_trace = torch.zeros((), dtype=CORE, device=X.device)
+    for Xc, yc in zip(X.split(chunk_size), y.split(chunk_size)):
+        Phi = features(Xc).to(CORE)
+        feature_trace = feature_trace + (Phi**2).sum()
+        if prior_diag is not None:
+            prior_trace = prior_trace + prior_diag(Xc).sum().to(CORE)
+        qr.update(torch.cat([Phi, yc.to(CORE).unsqueeze(-1)], dim=1) / sigma)
+    R = qr.R
+    if comm.world_size > 1:  # TSQR across processes: the R of the ranks' stacked R factors
+        R = qr_r(comm.all_gather(R))
+        feature_trace, prior_trace = comm.all_reduce_sum(feature_trace), comm.all_reduce_sum(prior_trace)
+    r = R.shape[1] - 1
+    R = qr_r(torch.cat([R, torch.eye(r, r + 1, dtype=CORE, device=X.device)]))  # the prior rows [I, 0], once
+    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=n,
+                     feature_trace=feature_trace, prior_trace=prior_trace)
+
+
+def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *, chunk_size: int,
+                  comm: Comm = LOCAL) -> Tensor:
+    """``y^T (Phi Phi^T + sigma^2 I)^{-1} y`` in residual form, for features Phi [n, r] held in memory:
+
+        quad = (||y - Phi mu||^2 + sigma^2 ||mu||^2) / sigma^2,    mu = E[w | y] [r].
+
+    Both terms are non-negative, so nothing cancels, unlike ``yy / sigma^2 - c^T c`` (two numbers of order
+    n / sigma^2 whose difference can be O(1) when sigma^2 is tiny). An error in mu enters only to second order,
+    because mu minimises the numerator. Differentiable; rows are cast to float64 one chunk at a time, and the
+    residual sum is reduced over processes by ``comm``.
+    """
+    s2 = noise.to(CORE)
+    rss = comm.all_reduce_sum(sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
+                                  for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size))))
+    return (rss + s2 * (weight_mean @ weight_mean)) / s2
+
+
+def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:
+    """``log N(y | 0, Phi Phi^T + sigma^2 I)`` (float64 scalar)."""
+    return -0.5 * post.n * (math.log(2 * math.pi) + torch.log(noise.to(CORE))) \
+        - 0.5 * logdet_from_cholesky(post.L_B) - 0.5 * post.quad
+
+
+def weight_space_factors(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> PredictiveFactors:
+    """``phi(x*)^T w`` under the posterior N(weight_mean, (L_B L_B^T)^{-1}) at features Phi [c, r] (float64): mean
+    ``Phi weight_mean`` and covariance ``U^T U`` with ``U = L_B^{-1} Phi^T`` [r, c], no prior term."""
+    Phi = Phi.to(CORE)
+    return PredictiveFactors(Phi @ weight_mean, None, solve_lower(L_B, Phi.T))
+
+
+def predict_linear(L_B: Tensor, weight_mean: Tensor, Phi: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and variance [c] of ``phi(x*)^T w`` under the posterior N(weight_mean, (L_B L_B^T)^{-1}),
+    for features Phi [c, r]."""
+    mean, _, U, _ = weight_space_factors(L_B, weight_mean, Phi)
+    return mean, (U * U).sum(0)  # ||L_B^{-1} phi||^2 >= 0 by construction
+
+
+def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, grid_points: int = 400) -> float:
+    """``argmax_{sigma^2 in [lower, upper]} log N(y | 0, Phi Phi^T + sigma^2 I)`` with the features fixed.
+
+    From the streamed statistics ``A = Phi^T Phi = V diag(lam) V^T``, ``b = Phi^T y`` and ``yy``, with
+    ``g = V^T b``, every evaluation is O(r):
+
+        log p = -n/2 log(2 pi sigma^2) - 1/2 sum_i log(1 + lam_i / sigma^2)
+                - 1/2 (yy / sigma^2 - sum_i g_i^2 / (sigma^2 (sigma^2 + lam_i))).
+    """
+    lam, V = torch.linalg.eigh(stats.A.to(CORE))
+    lam = lam.clamp_min(0.0).cpu().numpy()  # A is a Gram matrix; negative eigenvalues are round-off
+    g2 = ((V.T @ stats.b.to(CORE)) ** 2).cpu().numpy()
+    yy, n = float(stats.yy), stats.n
+
+    def log_evidence_at(s2: float) -> float:
+        return -0.5 * (n * math.log(2 * math.pi * s2) + np.log1p(lam / s2).sum()
+                       + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
+
+    return maximise_over_noise(log_evidence_at, lower, upper, grid_points)
+
+
+def maximise_over_noise(objective: Callable[[float], float], lower: float, upper: float,
+                        grid_points: int = 400) -> float:
+    """``argmax_{sigma^2 in [lower, upper]} objective(sigma^2)``: a grid of ``grid_points`` in log sigma^2, then
+    Brent's method between the best point's neighbours. Evidences in sigma^2 can have more than one local maximum,
+    and the grid keeps the search off a poor one."""
+
+    def negative(log_s2: float) -> float:
+        return -objective(math.exp(log_s2))
+
+    grid = np.linspace(math.log(lower), math.log(upper), grid_points)
+    values = [negative(t) for t in grid]
+    best = int(np.argmin(values))
+    refined = minimize_scalar(negative, bounds=(grid[max(best - 1, 0)], grid[min(best + 1, grid_points - 1)]),
+                              method="bounded", options={"xatol": 1e-10})
+    return math.exp(min((refined.fun, refined.x), (values[best], grid[best]))[1])

@@ -1,0 +1,216 @@
+"""The linear engine (models/_linear.py) against dense formulas: FeatureSpaceGP on a toy feature map, and
+CollapsedGP through SGPR."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.distributions import MultivariateNormal
+
+from conftest import toy_regression
+from gpscale.models._linear import CollapsedGP, Features, FeatureSpaceGP
+from gpscale.models.sgpr import SGPR
+
+F64 = torch.float64
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class CosineFeatures(FeatureSpaceGP):
+    """phi(x) = a cos(x W + b) [r]: fixed random directions, one learned amplitude a (the feature state)."""
+
+    def __init__(self, n_features: int, r: int = 7, **kwargs):
+        super().__init__(n_features, **kwargs)
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("W", torch.randn(n_features, r, generator=g, dtype=F64))
+        self.register_buffer("b", 2 * math.pi * torch.rand(r, generator=g, dtype=F64))
+        self.log_amplitude = nn.Parameter(torch.tensor(-0.2, dtype=F64))
+
+    def feature_state(self):
+        return {"amplitude": self.log_amplitude.exp()}
+
+    def feature_map(self, state):
+        return Features(lambda X: state["amplitude"] * torch.cos(X @ self.W.to(X.dtype) + self.b.to(X.dtype)))
+
+
+def dense_phi(model, X):
+    return model.feature_map(model.feature_state())(X)
+
+
+def dense_evidence(model, X, y):
+    Phi = dense_phi(model, X)
+    K = Phi @ Phi.T + model.noise * torch.eye(len(X), dtype=F64)
+    return MultivariateNormal(torch.zeros(len(X), dtype=F64), K).log_prob(y)
+
+
+def dense_predictive(Kxx, Kxs, Kss, y, noise):
+    """The GP posterior of f at the test rows, from dense kernel blocks."""
+    A = Kxx + noise * torch.eye(len(y), dtype=F64)
+    mean = Kxs.T @ torch.linalg.solve(A, y)
+    return mean, Kss - Kxs.T @ torch.linalg.solve(A, Kxs)
+
+
+@pytest.fixture
+def data():
+    X, y = toy_regression(n=45, d=2)
+    Xs = torch.rand(6, 2, dtype=F64) * 4 - 2
+    return X, y, Xs
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "qr", "auto"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("chunk_size", [8, 1000])
+def test_the_evidence_and_its_gradient_equal_the_dense_formula(data, solver, residual, chunk_size):
+    X, y, _ = data
+    model = CosineFeatures(2, solver=solver, noise=0.07, chunk_size=chunk_size).double()
+    model.residual_evidence = residual
+    params = [model.log_amplitude, model.likelihood.raw_noise]
+    ours = model.log_marginal_likelihood(X, y)
+    reference = dense_evidence(model, X, y)
+    torch.testing.assert_close(ours, reference, rtol=1e-10, atol=0)
+    for g, r in zip(torch.autograd.grad(ours, params), torch.autograd.grad(reference, params)):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(model.loss(X, y, num_data=len(X)), -reference / len(X), rtol=1e-10, atol=0)
+
+
+def test_the_posterior_predicts_as_the_dense_gp_of_the_feature_kernel(data):
+    X, y, Xs = data
+    model = CosineFeatures(2, noise=0.07, chunk_size=10).double()
+    model.fit_posterior(X, y)
+    Phi, Phi_s = dense_phi(model, X), dense_phi(model, Xs)
+    mean, cov = dense_predictive(Phi @ Phi.T, Phi @ Phi_s.T, Phi_s @ Phi_s.T, y, model.noise)
+    ours_mean, ours_var = model.predict(Xs)
+    torch.testing.assert_close(ours_mean, mean, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(ours_var, cov.diagonal(), rtol=1e-8, atol=1e-12)
+    torch.testing.assert_close(model.predict_cov(Xs)[1], cov, rtol=1e-8, atol=1e-12)
+
+
+def test_the_posterior_is_the_same_by_either_solver_in_any_chunking(data):
+    X, y, Xs = data
+    predictions = []
+    for solver, chunk in (("cholesky", 7), ("qr", 7), ("qr", 1000)):
+        model = CosineFeatures(2, solver=solver, noise=0.07, chunk_size=chunk).double()
+        model.fit_posterior(X, y)
+        predictions.append(model.predict(Xs))
+    for mean, var in predictions[1:]:
+        torch.testing.assert_close(mean, predictions[0][0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(var, predictions[0][1], rtol=1e-8, atol=1e-12)
+
+
+def test_whitened_features_and_their_statistics_whiten_on_the_core(data):
+    X, y, _ = data
+    g = torch.Generator().manual_seed(2)
+    L = torch.linalg.cholesky(torch.eye(5, dtype=F64) + 0.3 * torch.ones(5, 5, dtype=F64))
+    W = torch.randn(2, 5, generator=g, dtype=F64)
+    features = Features(lambda X: torch.tanh(X @ W), whiten=L)
+    torch.testing.assert_close(features(X), torch.tanh(X @ W) @ torch.linalg.inv(L).T)
+
+    class Whitened(CosineFeatures):
+        def feature_map(self, state):
+            return features
+
+    model = Whitened(2, noise=0.1, chunk_size=9).double()
+    stats = model.statistics(X, y)
+    Phi = features(X)
+    torch.testing.assert_close(stats.A, Phi.T @ Phi)
+    torch.testing.assert_close(stats.b, Phi.T @ y)
+
+
+def test_calibration_maximises_the_evidence_over_the_noise_and_variance_mode_keeps_the_mean(data):
+    X, y, Xs = data
+    trained = CosineFeatures(2, noise=1e-3, learn_noise=False).double()
+    trained.fit_posterior(X, y)
+    posterior = CosineFeatures(2, noise=1e-3, learn_noise=False, calibrate_noise="posterior").double()
+    posterior.fit_posterior(X, y)
+    variance = CosineFeatures(2, noise=1e-3, learn_noise=False, calibrate_noise="variance").double()
+    variance.fit_posterior(X, y)
+    # the calibrated noise is the dense evidence's maximiser: a fine grid around it finds nothing better
+    found = posterior.noise.item()
+    grid = [found * f for f in (0.9, 0.97, 1.03, 1.1)]
+    with torch.no_grad():
+        def evidence_at(s2):
+            model = CosineFeatures(2, noise=s2, learn_noise=False).double()
+            return dense_evidence(model, X, y).item()
+        assert all(evidence_at(found) >= evidence_at(s2) for s2 in grid)
+    assert variance.noise.item() == pytest.approx(found, rel=1e-12)
+    torch.testing.assert_close(variance.predict(Xs)[0], trained.predict(Xs)[0])  # the paper's mean kept
+    torch.testing.assert_close(variance.predict(Xs)[1], posterior.predict(Xs)[1])  # the calibrated variance
+    assert not torch.allclose(posterior.predict(Xs)[0], trained.predict(Xs)[0])
+    posterior.clear_cache()  # the training noise comes back
+    assert posterior.noise.item() == pytest.approx(1e-3, rel=1e-6)  # built in float32, then cast
+
+
+def test_a_predictive_extra_variance_is_added_to_the_latent_variance(data):
+    X, y, Xs = data
+
+    class WithExtra(CosineFeatures):
+        def predictive_extra(self, Phi):
+            return 0.5 + Phi[:, 0] ** 2
+
+    plain, extra = CosineFeatures(2).double(), WithExtra(2).double()
+    for model in (plain, extra):
+        model.fit_posterior(X, y)
+    added = 0.5 + dense_phi(plain, Xs)[:, 0] ** 2
+    torch.testing.assert_close(extra.predict(Xs)[1], plain.predict(Xs)[1] + added)
+    torch.testing.assert_close(extra.predict_cov(Xs)[1], plain.predict_cov(Xs)[1] + torch.diag(added))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="solver must be one of 'auto', 'cholesky', 'qr', got 'lu'"):
+        CosineFeatures(2, solver="lu")
+    with pytest.raises(ValueError, match="calibrate_noise must be one of"):
+        CosineFeatures(2, calibrate_noise=True)
+
+
+# --- CollapsedGP: inducing features ----------------------------------------------------------------------------
+def sgpr(X, Z, **options):
+    model = SGPR(X.shape[1], n_inducing=len(Z), lengthscale=0.7, outputscale=1.3, noise=0.05, **options).double()
+    with torch.no_grad():
+        model.features.Z.copy_(Z)
+    return model
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "qr"])
+def test_the_collapsed_bound_is_titsias_and_predicts_as_sgpr(data, solver):
+    X, y, Xs = data
+    model = sgpr(X, X[::5], solver=solver, chunk_size=11)
+    assert isinstance(model, CollapsedGP)
+    k, s2, Z = model.kernel, model.noise, model.features.Z
+    Kuu = k(Z, Z) + model.jitter * torch.eye(len(Z), dtype=F64)
+    Kuf = k(Z, X)
+    Q = Kuf.T @ torch.linalg.solve(Kuu, Kuf)
+    titsias = MultivariateNormal(torch.zeros(len(X), dtype=F64), Q + s2 * torch.eye(len(X), dtype=F64)).log_prob(y) \
+        - (k.diag(X).sum() - Q.trace()) / (2 * s2)
+    torch.testing.assert_close(model.elbo(X, y), titsias, rtol=1e-10, atol=0)
+    torch.testing.assert_close(model.loss(X, y, num_data=len(X)), -titsias / len(X), rtol=1e-10, atol=0)
+    model.fit_posterior(X, y)
+    # q(u) = N(Kuu Sigma Kuf y / s2, Kuu Sigma Kuu), Sigma = (Kuu + Kuf Kfu / s2)^-1; f* | u by the prior conditional
+    Sigma = torch.linalg.inv(Kuu + Kuf @ Kuf.T / s2)
+    Ksu = k(Xs, Z)
+    mean = Ksu @ Sigma @ Kuf @ y / s2
+    cov = k(Xs, Xs) - Ksu @ torch.linalg.solve(Kuu, Ksu.T) + Ksu @ Sigma @ Ksu.T
+    torch.testing.assert_close(model.predict(Xs)[0], mean, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(model.predict_cov(Xs)[1], cov, rtol=1e-7, atol=1e-10)
+
+
+def test_a_state_dict_of_the_earlier_layout_loads():
+    """SGPR's inducing points were the top-level parameter Z, and its kernel was saved once."""
+    X, y = toy_regression(n=30, d=2)
+    model = sgpr(X, X[::3])
+    model.fit_posterior(X, y)
+    state = model.state_dict()
+    earlier = {("Z" if key == "features.Z" else key): value for key, value in state.items()
+               if not key.startswith("features.kernel.")}
+    fresh = SGPR(2, n_inducing=10).double()
+    fresh.load_state_dict(earlier)
+    torch.testing.assert_close(fresh.features.Z, model.features.Z)
+    torch.testing.assert_close(fresh.predict(X[:4])[1], model.predict(X[:4])[1])
+    with pytest.raises(RuntimeError, match="Missing key"):
+        SGPR(2, n_inducing=10).double().load_state_dict({k: v for k, v in earlier.items() if k != "Z"})
+
+
+def test_set_noise_sets_sigma2_and_holds_it_above_the_floor():
+    model = CosineFeatures(2, noise=0.3, noise_floor=1e-4).double()
+    model.likelihood.set_noise(0.0123)
+    assert model.noise.item() == pytest.approx(0.0123, rel=1e-12)
+    model.likelihood.set_noise(torch.tensor(1e-9))  # below the floor: held at it, with a finite raw value
+    assert model.noise.item() == pytest.approx(1e-4, rel=1e-12) and torch.isfinite(model.likelihood.raw_noise)

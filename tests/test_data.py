@@ -94,14 +94,6 @@ def test_constant_column_becomes_zero_not_nan(folder):
     assert np.all(ds.X_train[:, 1] == 0) and np.all(ds.X_test[:, 1] == 0)
 
 
-def test_standardize_helper():
-    Xtr, Xte, mean, std = data.standardize([[1.0, 5.0], [3.0, 5.0]], [[5.0, 6.0]])
-    np.testing.assert_array_equal(mean, [2.0, 5.0])
-    np.testing.assert_array_equal(std, [1.0, 1.0])  # second column guarded
-    np.testing.assert_array_equal(Xtr, [[-1.0, 0.0], [1.0, 0.0]])
-    np.testing.assert_array_equal(Xte, [[3.0, 1.0]])
-
-
 def test_max_train_keeps_a_seeded_subset_and_its_statistics(folder):
     full = load_dataset("tiny", split=3, data_dir=folder)
     small = load_dataset("tiny", split=3, data_dir=folder, max_train=20)
@@ -145,16 +137,11 @@ def test_minmax_scaling_maps_training_inputs_to_the_unit_box_with_training_stati
     assert ds.y_train.mean() == pytest.approx(0, abs=1e-12) and ds.y_train.std() == pytest.approx(1)
 
 
-def test_min_max_scale_helper_and_explicit_scalings(folder):
-    Xtr, Xte, centre, half = data.min_max_scale([[1.0, 5.0], [3.0, 5.0], [2.0, 5.0]], [[5.0, 6.0]])
-    np.testing.assert_array_equal(centre, [2.0, 5.0])
-    np.testing.assert_array_equal(half, [1.0, 1.0])  # second column guarded
-    np.testing.assert_array_equal(Xtr, [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    np.testing.assert_array_equal(Xte, [[3.0, 1.0]])
+def test_explicit_scalings_are_recorded(folder):
     raw = load_dataset("tiny", data_dir=folder, x_scaling="none")
     z = np.load(folder / "uci" / "tiny.npz")
     np.testing.assert_array_equal(raw.X_train, z["X"].astype(np.float64)[z["test_fold"] != 0])  # as read
-    assert np.all(raw.x_mean == 0) and np.all(raw.x_std == 1)
+    assert np.all(raw.x_mean == 0) and np.all(raw.x_std == 1) and raw.x_scaling == "none"
     geo = load_dataset("etopo", data_dir=folder, x_scaling="standard")
     np.testing.assert_allclose(geo.X_train.mean(axis=0), 0, atol=1e-12)  # unit vectors z-scored on request
     with pytest.raises(ValueError, match="x_scaling must be one of"):

@@ -333,3 +333,58 @@ def test_a_gpytorch_kernel_saves_by_its_registered_constructor_or_is_refused_wit
         del _REGISTERED["test-gpytorch-matern"]
     with pytest.raises(ModelFileError, match="Unknown kernel 'test-gpytorch-matern'.*register_kernel"):
         gpscale.load(tmp_path / "m.gps")
+
+
+@pytest.mark.parametrize("x_scaling", ["standard", "minmax", "none"])
+def test_x_scaling_maps_the_training_rows_as_documented_and_predicts_in_original_units(x_scaling):
+    X, y = data(60)
+    X = X * [3.0, 0.5, 1.0] + [10.0, -4.0, 0.0]
+    reg = GPRegressor(method="exact", x_scaling=x_scaling, epochs=3, progress=False).fit(X, y)
+    scaled = (X - reg.x_mean_) / reg.x_std_
+    if x_scaling == "standard":
+        np.testing.assert_allclose(scaled.mean(0), 0, atol=1e-12)
+        np.testing.assert_allclose(scaled.std(0), 1, rtol=1e-12)
+    elif x_scaling == "minmax":
+        np.testing.assert_allclose(scaled.min(0), -1, atol=1e-12)
+        np.testing.assert_allclose(scaled.max(0), 1, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(scaled, X)
+    # the model was trained on exactly these rows: its posterior at them is what predict gives
+    with torch.no_grad():
+        mean_f, _ = reg.model_.predict(torch.tensor(scaled))
+    np.testing.assert_allclose(reg.predict(X, latent=True), mean_f.numpy() * reg.y_std_ + reg.y_mean_, rtol=1e-10)
+    with pytest.raises(ValueError, match="x_scaling must be one of 'standard', 'minmax', 'none', got 'unit'"):
+        GPRegressor(method="exact", x_scaling="unit", progress=False).fit(X, y)
+
+
+def test_normalize_y_false_trains_on_y_as_given():
+    X, y = data(60)
+    raw = GPRegressor(method="exact", normalize_y=False, epochs=3, progress=False).fit(X, 5 * y + 100)
+    normalized = GPRegressor(method="exact", epochs=3, progress=False).fit(X, 5 * y + 100)
+    assert (raw.y_mean_, raw.y_std_) == (0.0, 1.0)
+    far = np.full((1, 3), 1e3)  # far from the data the posterior is the prior: mean 0 in the units the model saw
+    assert raw.predict(far)[0] == pytest.approx(0, abs=1e-6)
+    assert normalized.predict(far)[0] == pytest.approx(normalized.y_mean_, rel=1e-6)
+    with pytest.raises(ValueError, match="normalize_y must be True or False"):
+        GPRegressor(method="exact", normalize_y="yes", progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="y is constant"):
+        GPRegressor(method="exact", progress=False).fit(X, np.ones(len(X)))
+
+
+def test_refit_posterior_changes_posterior_options_without_training_again():
+    X, y = data(80)
+    reg = GPRegressor(method="softki", n_inducing=10, epochs=2, calibrate_noise=None, progress=False).fit(X, y)
+    trained = {k: v.clone() for k, v in reg.model_.state_dict().items() if isinstance(v, torch.Tensor)}
+    before = reg.predict(X[:5], return_std=True)
+    reg.refit_posterior(X, y, calibrate_noise="variance")
+    after = reg.predict(X[:5], return_std=True)
+    np.testing.assert_allclose(after[0], before[0], rtol=1e-12)  # the variance mode keeps the mean
+    assert not np.allclose(after[1], before[1]) and reg.calibrate_noise == "variance"
+    fresh = GPRegressor(method="softki", n_inducing=10, epochs=2, calibrate_noise="variance", progress=False)
+    np.testing.assert_allclose(fresh.fit(X, y).predict(X[:5], return_std=True), after, rtol=1e-10)
+    for name, value in reg.model_.state_dict().items():
+        if name in trained and "noise" not in name:  # the trained parameters did not move
+            torch.testing.assert_close(value, trained[name])
+    with pytest.raises(ValueError, match="'n_inducing' cannot change without training again"):
+        reg.refit_posterior(X, y, n_inducing=5)
+    np.testing.assert_array_equal(reg.predict(X[:5], return_std=True), after)  # a refused refit changes nothing

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .scaling import SCALINGS, fit_scaling
+
 UCI_BASE_URL = "https://raw.githubusercontent.com/treforevans/uci_datasets/master/uci_datasets"
 
 # (n, d) of every set in the upstream UCI collection (treforevans/uci_datasets), for listings and error hints.
@@ -57,7 +59,6 @@ UCI_SIZES = {
 }
 UCI_N_SPLITS = 10
 MOLECULE_FEATURES = ("cartesian", "inverse_distances")
-X_SCALINGS = ("standard", "minmax", "none")
 IMAGE_TRANSFORMS = ("roll", "flip")
 KINDS = ("uci", "uci_pbp", "pmlb", "md", "geo", "images")
 GENERATED = {"friedman1": 10, "friedman1_d11": 11, "gp_sample": 2,
@@ -92,6 +93,8 @@ class Dataset:
     y_std: float
     split: int
     source: str
+    x_scaling: str = "standard"  # how X was scaled (gpscale.scaling.SCALINGS)
+    standardize_y: bool = True
 
     @property
     def n_train(self) -> int:
@@ -104,52 +107,6 @@ class Dataset:
     @property
     def d(self) -> int:
         return self.X_train.shape[1]
-
-
-def standardize(X_train, X_test):
-    """Centre and scale both sets with the training set's per-column mean and std.
-
-    Args:
-        X_train: [n, d] (or [n] for targets); X_test: [n*, d] (or [n*]).
-    Returns:
-        (X_train_std, X_test_std, mean, std) with mean, std of shape [d] (or scalars for 1-D input);
-        columns with zero std get std = 1, so they become 0 rather than NaN.
-    """
-    X_train = np.asarray(X_train, dtype=np.float64)
-    X_test = np.asarray(X_test, dtype=np.float64)
-    mean = X_train.mean(axis=0)
-    std = X_train.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    return (X_train - mean) / std, (X_test - mean) / std, mean, std
-
-
-def min_max_scale(X_train, X_test):
-    """Map every column affinely so that the training set spans [-1, 1]; the test set gets the same map.
-
-    Args:
-        X_train: [n, d]; X_test: [n*, d].
-    Returns:
-        (X_train_scaled, X_test_scaled, centre, half_range) with X_scaled = (X - centre) / half_range, where
-        centre = (max + min) / 2 and half_range = (max - min) / 2 [d] of the training columns. Constant columns
-        get half_range = 1, so they become 0 rather than NaN. Test values outside the training range map
-        outside [-1, 1].
-    """
-    X_train = np.asarray(X_train, dtype=np.float64)
-    X_test = np.asarray(X_test, dtype=np.float64)
-    low, high = X_train.min(axis=0), X_train.max(axis=0)
-    centre, half_range = (high + low) / 2, (high - low) / 2
-    half_range = np.where(half_range > 0, half_range, 1.0)
-    return (X_train - centre) / half_range, (X_test - centre) / half_range, centre, half_range
-
-
-def _scale_inputs(X_train, X_test, scaling: str):
-    """(X_train, X_test, shift [d], scale [d]) under one of X_SCALINGS, with training statistics."""
-    if scaling == "standard":
-        return standardize(X_train, X_test)
-    if scaling == "minmax":
-        return min_max_scale(X_train, X_test)
-    d = X_train.shape[1]
-    return X_train, X_test, np.zeros(d), np.ones(d)
 
 
 def data_dir(explicit=None) -> Path | None:
@@ -210,8 +167,8 @@ def spectral_frequencies(rng: np.random.Generator, d: int, n: int, lengthscale: 
     return omega
 
 
-# The ODVFF paper's synthetic sets (its §5.1, spec odvff.md §7.3): an isotropic Matérn-3/2 draw, l = 0.1, unit
-# variance, noise std 0.2 (the spec reads "variance 0.2", but the paper's 1-D RMSE of 0.21 and log-likelihood above
+# The ODVFF paper's synthetic sets (Azzimonti et al., Section 5.1): an isotropic Matérn-3/2 draw, l = 0.1, unit
+# variance, noise std 0.2 (the paper's text reads "variance 0.2", but its 1-D RMSE of 0.21 and log-likelihood above
 # 0.1 are only reachable with std 0.2), in d = 1, 5 and 10 dimensions.
 _MATERN_SAMPLES = {f"matern32_d{d}": partial(make_gp_sample, d=d, lengthscale=0.1, noise_std=0.2, nu=1.5)
                    for d in (1, 5, 10)}
@@ -272,8 +229,8 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
         raise ValueError(f"molecule_features must be one of {MOLECULE_FEATURES}, got {molecule_features!r}.")
     if image_transform is not None and image_transform not in IMAGE_TRANSFORMS:
         raise ValueError(f"image_transform must be one of {IMAGE_TRANSFORMS} or None, got {image_transform!r}.")
-    if x_scaling is not None and x_scaling not in X_SCALINGS:
-        raise ValueError(f"x_scaling must be one of {X_SCALINGS} or None, got {x_scaling!r}.")
+    if x_scaling is not None and x_scaling not in SCALINGS:
+        raise ValueError(f"x_scaling must be one of {SCALINGS} or None, got {x_scaling!r}.")
     rng = np.random.default_rng([seed, split])
     if name in _GENERATORS and image_transform is not None:
         raise ValueError(f"image_transform applies to image sets only, not to the generated {name!r}.")
@@ -305,13 +262,9 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
         X_train, y_train = X_train[keep], y_train[keep]
     if x_scaling is None:
         x_scaling = "none" if kind in _UNSTANDARDISED_X else "standard"
-    X_train, X_test, x_mean, x_std = _scale_inputs(X_train, X_test, x_scaling)
-    if standardize_y:
-        y_train, y_test, y_mean, y_std = standardize(y_train, y_test)
-    else:
-        y_mean, y_std = 0.0, 1.0
-    return Dataset(name, X_train, y_train, X_test, y_test, x_mean, x_std, float(y_mean), float(y_std),
-                   int(split), source)
+    x, y_ = fit_scaling(X_train, x_scaling), fit_scaling(y_train, "standard" if standardize_y else "none")
+    return Dataset(name, x.apply(X_train), y_.apply(y_train), x.apply(X_test), y_.apply(y_test), x.shift, x.scale,
+                   float(y_.shift), float(y_.scale), int(split), source, x_scaling, standardize_y)
 
 
 def _locate(name: str, root: Path | None) -> tuple[str, Path]:

@@ -23,6 +23,7 @@ from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import cholesky
 from .models import available_methods, get_model_class
 from .models.base import GPModel
+from .scaling import SCALINGS, fit_scaling
 from .train import fit
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "COV_MAX_ROWS", "resolve_dtype", "check_device",
@@ -62,8 +63,8 @@ class _GPEstimator(BaseEstimator):
 
     _task = ""  # "regression" or "classification", for method="auto"
 
-    def __init__(self, method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
-                 device, progress, distributed, method_options: dict):
+    def __init__(self, method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
+                 patience, val_every, seed, dtype, device, progress, distributed, method_options: dict):
         self.method = method
         self.n_inducing = n_inducing
         self.epochs = epochs
@@ -71,7 +72,10 @@ class _GPEstimator(BaseEstimator):
         self.batch_size = batch_size
         self.lr = lr
         self.kernel = kernel
+        self.x_scaling = x_scaling
         self.val_fraction = val_fraction
+        self.patience = patience
+        self.val_every = val_every
         self.seed = seed
         self.dtype = dtype
         self.device = device
@@ -107,20 +111,24 @@ class _GPEstimator(BaseEstimator):
         return TorchComm.from_env(self.device) if self.distributed else LOCAL
 
     def _check_settings(self) -> tuple[torch.dtype, torch.device]:
-        """What ``fit`` checks before touching the data: the method, the dtype and the device."""
+        """What ``fit`` checks before touching the data: the method, the scaling, the dtype and the device."""
         if self.method != "auto":
             get_model_class(self.method)  # an unknown method says which exist
+        if self.x_scaling not in SCALINGS:
+            raise ValueError(f"x_scaling must be one of {', '.join(map(repr, SCALINGS))}, got {self.x_scaling!r}: "
+                             "'standard' z-scores each column, 'minmax' maps the training rows onto [-1, 1], 'none' "
+                             "keeps X as given.")
         return resolve_dtype(self.dtype), check_device(self.device)
 
     def _train(self, X: np.ndarray, targets: np.ndarray, comm: Comm, common: dict, fitted: dict,
                **training) -> None:
-        """Standardise X with its global statistics, choose the method (``method="auto"``), build it with
-        ``common`` options (those it accepts) and the method options, and train it on (X, targets). The fitted
-        attributes, ``fitted`` among them, are set together at the end: a fit that fails or is interrupted leaves
-        the estimator as it was."""
+        """Scale X as ``x_scaling`` says with its global statistics, choose the method (``method="auto"``), build
+        it with ``common`` options (those it accepts) and the method options, and train it on (X, targets). The
+        fitted attributes, ``fitted`` among them, are set together at the end: a fit that fails or is interrupted
+        leaves the estimator as it was."""
         dtype, device = self._check_settings()
-        n, x_mean, x_std = _global_moments(X, comm)
-        x_std = _safe_std(x_std)
+        n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=torch.float64)).item())
+        x_scale = fit_scaling(X, self.x_scaling, comm)
         if self.method == "auto":
             choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing)
         else:
@@ -133,16 +141,17 @@ class _GPEstimator(BaseEstimator):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
         max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
-        result = fit(model, torch.tensor((X - x_mean) / x_std, dtype=dtype, device=device),
+        result = fit(model, torch.tensor(x_scale.apply(X), dtype=dtype, device=device),
                      torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
-                     batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction, seed=self.seed,
+                     batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction, patience=self.patience,
+                     val_every=self.val_every, seed=self.seed,
                      progress=self.progress, comm=comm, **training)
         seconds = time.perf_counter() - tic
         settings = result.settings
         training = {"trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
                     "max_steps": settings.max_steps, "steps": result.steps, "converged": result.converged,
                     "final_objective": result.final_loss, "seconds": seconds}
-        for name, value in {**fitted, "x_mean_": x_mean, "x_std_": x_std, "rank_": comm.rank,
+        for name, value in {**fitted, "x_mean_": x_scale.shift, "x_std_": x_scale.scale, "rank_": comm.rank,
                             "method_": choice.method, "method_reason_": choice.reason, "fit_result_": result,
                             "training_": training, "training_seconds_": seconds, "model_options_": options,
                             "model_": model}.items():
@@ -168,6 +177,34 @@ class _GPEstimator(BaseEstimator):
             if name in accepted:
                 options[name] = min(int(options.get(name, _option_default(cls, name))), n)
         return {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v for k, v in options.items()}
+
+    def refit_posterior(self, X, y, **posterior_options):
+        """Refit the trained model's posterior on (X, y), the training rows in their original units, with new values
+        of options that act only in the posterior fit (the model's ``posterior_options``: SoftKI's and DBK's
+        ``calibrate_noise``, GP-GRIEF-I's MCMC settings), without training again; they become this estimator's
+        parameters. All or nothing: on an error the estimator keeps its earlier posterior. Returns self."""
+        check_is_fitted(self, "model_")
+        allowed = type(self.model_).posterior_options
+        unknown = sorted(set(posterior_options) - set(allowed))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} cannot change without training again: method "
+                             f"{self.method_!r} refits its posterior with new values of "
+                             f"{', '.join(map(repr, allowed)) or 'no option'} only.")
+        X, targets = self._training_rows(X, y)
+        model = copy.deepcopy(self.model_)
+        for name, value in posterior_options.items():
+            setattr(model, name, value)
+        dtype, device = resolve_dtype(self.dtype), torch.device(self.device)
+        with torch.no_grad():
+            model.fit_posterior(torch.tensor((X - self.x_mean_) / self.x_std_, dtype=dtype, device=device),
+                                torch.tensor(targets, dtype=dtype, device=device), self._comm())
+        self.set_params(**posterior_options)
+        self.model_, self.model_options_ = model.eval(), {**self.model_options_, **posterior_options}
+        return self
+
+    def _training_rows(self, X, y) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - interface
+        """(X, the model's targets) for rows the estimator was fitted on, checked as ``fit`` checks them."""
+        raise NotImplementedError
 
     # --- what was fitted ---------------------------------------------------------------------------------
     @property
@@ -359,9 +396,21 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default.
     learn_noise : bool or None, default=None
         None: the method's default (learned, except for SoftKI, whose intervals are calibrated after training).
+    x_scaling : {"standard", "minmax", "none"}, default="standard"
+        How X is scaled before the method sees it, with the training rows' statistics (:mod:`gpscale.scaling`):
+        z-scores, the training rows mapped onto [-1, 1] (the DBK and ODVFF papers' protocols), or as given.
+        ``x_mean_`` and ``x_std_`` hold the shift and scale of each column.
+    normalize_y : bool, default=True
+        Standardise y with its training mean and standard deviation (the methods' default hyperparameters assume
+        unit-scale targets); False keeps y as given, for targets on a known scale.
     val_fraction : float, default=0.0
         Hold out this fraction to watch the validation NLPD: training then stops when it stops improving, and
         keeps the best parameters (0: no validation).
+    patience : int or None, default=None
+        With validation and a fixed ``epochs``: epochs without a better validation NLPD before training stops
+        (None: 10); training to convergence: windows without improvement before the learning rate steps down.
+    val_every : int, default=1
+        With validation and a fixed ``epochs``: score the validation rows every this many epochs.
     seed : int, default=0
     dtype : {"float64", "float32"} or a torch or numpy float dtype, default="float64"
     device : str, default="cpu"
@@ -391,30 +440,37 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     _task = "regression"
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
-                 optimizer=None, kernel=None, noise=None, learn_noise=None, val_fraction=0.0, seed=0,
-                 dtype="float64", device="cpu", progress=True, distributed=False, **method_options):
+                 optimizer=None, kernel=None, noise=None, learn_noise=None, x_scaling="standard", normalize_y=True,
+                 val_fraction=0.0, patience=None, val_every=1, seed=0, dtype="float64", device="cpu", progress=True,
+                 distributed=False, **method_options):
         self.optimizer = optimizer
         self.noise = noise
         self.learn_noise = learn_noise
-        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
-                         device, progress, distributed, method_options)
+        self.normalize_y = normalize_y
+        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
+                         patience, val_every, seed, dtype, device, progress, distributed, method_options)
 
     @_all_or_nothing
     def fit(self, X, y):
-        """Standardise, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
+        """Scale, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
         self._check_settings()
+        if not isinstance(self.normalize_y, (bool, np.bool_)):
+            raise ValueError(f"normalize_y must be True or False, got {self.normalize_y!r}.")
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
                              dtype=np.float64)
         comm = self._comm()
-        _, y_mean, y_std = _global_moments(y, comm)
-        if y_std == 0:
+        y_scale = fit_scaling(y, "standard" if self.normalize_y else "none", comm)
+        if y_scale.constant:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
-        y_mean, y_std = float(y_mean), float(y_std)
-        self._train(X, (y - y_mean) / y_std, comm,
+        self._train(X, y_scale.apply(y), comm,
                     {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
-                    {"y_mean_": y_mean, "y_std_": y_std}, optimizer=self.optimizer)
+                    {"y_mean_": float(y_scale.shift), "y_std_": float(y_scale.scale)}, optimizer=self.optimizer)
         return self
+
+    def _training_rows(self, X, y) -> tuple[np.ndarray, np.ndarray]:
+        X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, reset=False, dtype=np.float64)
+        return X, (y - self.y_mean_) / self.y_std_
 
     @torch.no_grad()
     def predict(self, X, return_std=False, return_cov=False, latent=False):
@@ -483,9 +539,9 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         ``"odvff"``, ``"vff-svgp"``; the others say so. ``"auto"``: ``"svgp"``.
     likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
         None: "bernoulli" for two classes, "robustmax" for more.
-    n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype, device, progress,
-    distributed, **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the held-out
-        labels).
+    n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction, patience, val_every, seed, dtype,
+    device, progress, distributed, **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the
+        held-out labels).
 
     Attributes
     ----------
@@ -497,11 +553,11 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     _task = "classification"
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
-                 kernel=None, likelihood=None, val_fraction=0.0, seed=0, dtype="float64", device="cpu",
-                 progress=True, distributed=False, **method_options):
+                 kernel=None, likelihood=None, x_scaling="standard", val_fraction=0.0, patience=None, val_every=1,
+                 seed=0, dtype="float64", device="cpu", progress=True, distributed=False, **method_options):
         self.likelihood = likelihood
-        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, val_fraction, seed, dtype,
-                         device, progress, distributed, method_options)
+        super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
+                         patience, val_every, seed, dtype, device, progress, distributed, method_options)
 
     @_all_or_nothing
     def fit(self, X, y):
@@ -520,12 +576,19 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
                              "'softmax' (or leave likelihood=None).")
         if likelihood not in ("bernoulli", "robustmax", "softmax"):
             raise ValueError(f"likelihood must be None, 'bernoulli', 'robustmax' or 'softmax', got {likelihood!r}.")
-        codes = np.searchsorted(classes, y).astype(np.float64)
-        targets = 2 * codes - 1 if likelihood == "bernoulli" else codes  # probit's labels are -1 / +1
-        self._train(X, targets, comm, {"kernel": self.kernel, "likelihood": likelihood,
-                                       "n_classes": None if likelihood == "bernoulli" else C},
+        self._train(X, _class_targets(y, classes, likelihood), comm,
+                    {"kernel": self.kernel, "likelihood": likelihood,
+                     "n_classes": None if likelihood == "bernoulli" else C},
                     {"classes_": classes})
         return self
+
+    def _training_rows(self, X, y) -> tuple[np.ndarray, np.ndarray]:
+        X, y = validate_data(self, _as_numpy(X), _as_numpy(y), reset=False, dtype=np.float64)
+        unseen = sorted(set(np.unique(y).tolist()) - set(self.classes_.tolist()))
+        if unseen:
+            raise ValueError(f"y holds labels the classifier was not fitted on: {unseen[:5]}.")
+        likelihood = "bernoulli" if self.model_options_.get("n_classes") is None else "multiclass"
+        return X, _class_targets(y, self.classes_, likelihood)
 
     @torch.no_grad()
     def predict_proba(self, X):
@@ -609,12 +672,10 @@ def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
     return np.unique(comm.all_gather(torch.as_tensor(classes, dtype=torch.float64)).numpy()).astype(classes.dtype)
 
 
-def _global_moments(A: np.ndarray, comm: Comm) -> tuple[int, np.ndarray, np.ndarray]:
-    """n, and the mean and (population) standard deviation over axis 0 of the rows of every process's A."""
-    n = int(comm.all_reduce_sum(torch.tensor(float(A.shape[0]), dtype=torch.float64)).item())
-    mean = comm.all_reduce_sum(torch.as_tensor(np.asarray(A.sum(0)))).numpy() / n
-    variance = comm.all_reduce_sum(torch.as_tensor(np.asarray(((A - mean) ** 2).sum(0)))).numpy() / n
-    return n, mean, np.sqrt(variance)
+def _class_targets(y: np.ndarray, classes: np.ndarray, likelihood: str) -> np.ndarray:
+    """The model's targets for labels y: class indices into ``classes``, or -1 / +1 for probit's two classes."""
+    codes = np.searchsorted(classes, y).astype(np.float64)
+    return 2 * codes - 1 if likelihood == "bernoulli" else codes
 
 
 def _as_numpy(a):
@@ -622,11 +683,6 @@ def _as_numpy(a):
     if isinstance(a, torch.Tensor):
         return a.detach().cpu().numpy()
     return a
-
-
-def _safe_std(std: np.ndarray) -> np.ndarray:
-    """Constant columns keep scale 1, so they standardise to 0 instead of NaN."""
-    return np.where(std > 0, std, 1.0)
 
 
 def _option_names(cls: type[GPModel]) -> set[str]:

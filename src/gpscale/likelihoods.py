@@ -75,7 +75,7 @@ class Gaussian(nn.Module):
 
 class Bernoulli(nn.Module):
     """Probit classification: labels y in {-1, +1}, ``p(y | f) = Phi(y f)`` with Phi the standard normal CDF
-    (the latent-noise model ``y = sign(f + eps)``, eps ~ N(0, 1); spec odvff.md §4.5).
+    (the latent-noise model ``y = sign(f + eps)``, eps ~ N(0, 1)).
 
     Args:
         quadrature_points: Gauss-Hermite points for ``E_q log Phi(y f)`` (default 20).
@@ -171,7 +171,7 @@ class _MultiClass(nn.Module):
 
 
 class RobustMax(_MultiClass):
-    """Robust-max multiclass likelihood (GPflow ``MultiClass``; spec hkd.md §3.2): over C latent functions,
+    """Robust-max multiclass likelihood (GPflow ``MultiClass``): over C latent functions,
     ``p(y = c | f) = 1 - eps`` if ``c = argmax_j f_j``, else ``eps / (C - 1)``, so a few mislabelled points
     cost a bounded ``log(eps / (C - 1))`` each.
 

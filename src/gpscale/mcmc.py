@@ -1,6 +1,7 @@
-"""Generic MCMC pieces for GP-GRIEF-I (pitfall 15): the log-normal prior given by (mode, variance),
-a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, with its step size adapted during burn-in,
-positive-parameter transforms that keep the Jacobian, and the split R-hat / effective-sample-size diagnostics.
+"""Generic MCMC pieces for GP-GRIEF-I, which samples its kernel weights and noise variance: the log-normal prior
+given by (mode, variance), a Metropolis-adjusted Langevin (MALA) sampler driven by autograd, with its step size
+adapted during burn-in, positive-parameter transforms that keep the Jacobian, and the split R-hat /
+effective-sample-size diagnostics.
 
 Shapes: ``D`` parameters, ``C`` chains, ``S`` kept samples per chain, ``N`` draws per chain in the diagnostics.
 """
@@ -50,7 +51,7 @@ ADAPTATION_DECAY = 0.6
 class LogNormal:
     """Log-normal distribution: ``log x ~ N(mu, s^2)``.
 
-    The paper states its priors by (mode, variance); :meth:`from_mode_variance` converts them (§3.10).
+    The paper states its priors by (mode, variance); :meth:`from_mode_variance` converts them.
     """
 
     mu: float
@@ -68,7 +69,7 @@ class LogNormal:
         and ``M^2 E^4 - M^2 E^3 - V = 0``. We solve for ``u = E - 1 = expm1(s^2)``, i.e. ``u (1 + u)^3 = V / M^2``:
         the left side increases from 0 on u > 0, so the positive root is unique, and solving for u rather than E
         keeps full relative precision when V / M^2 is tiny (E would round to 1).
-        Example (§3.10): mode 1, variance 100 gives s = 1.1122, mu = 1.2370.
+        Example: the paper's prior on the kernel weights, mode 1 and variance 100, gives s = 1.1122, mu = 1.2370.
         """
         mode, variance = float(mode), float(variance)
         if not (math.isfinite(mode) and mode > 0 and math.isfinite(variance) and variance > 0):
@@ -103,7 +104,7 @@ class LogNormal:
         return torch.where(positive, lp, torch.full_like(lp, -math.inf))
 
     def grad_log_prob(self, x: Tensor) -> Tensor:
-        """Analytic ``d/dx log p(x) = -(s^2 + log x - mu) / (x s^2)`` (§3.10), for ``x > 0``. [...] -> [...]"""
+        """Analytic ``d/dx log p(x) = -(s^2 + log x - mu) / (x s^2)``, for ``x > 0``. [...] -> [...]"""
         x = torch.as_tensor(x)
         return -(self.s**2 + torch.log(x) - self.mu) / (x * self.s**2)
 
@@ -114,7 +115,7 @@ class LogNormal:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Positive-parameter transforms (pitfall 15)
+# Positive-parameter transforms, with the log-Jacobian that makes the chain sample the stated posterior
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -164,7 +165,7 @@ def transformed_log_target(
     The official GP-GRIEF code omits the Jacobian (``jacobian=False``), so its chain samples the density
     ``p(f(x))`` in x, which is not the stated posterior of f: for a log-normal it moves the centre of log f from
     ``mu`` to ``mu - s^2``, i.e. to the log of the *mode*. We include it by default; ``jacobian=False`` is there
-    only to imitate the official runs (§3.10, pitfall 15).
+    only to imitate the official runs.
     """
 
     def log_target(x: Tensor) -> Tensor:
@@ -206,8 +207,8 @@ class MCMCResult:
 
 
 def kept_iterations(n_iterations: int, burn_in: int, thin: int) -> Tensor:
-    """Zero-based iterations whose state is kept: ``i > burn_in and i % thin == 0`` (the official code's rule,
-    pitfall 15; 179 samples for 10,000 / 1,000 / 50). [S]"""
+    """Zero-based iterations whose state is kept: ``i > burn_in and i % thin == 0`` (the official code's rule;
+    179 samples for 10,000 / 1,000 / 50). [S]"""
     i = torch.arange(burn_in + 1, n_iterations)
     return i[i % thin == 0]
 
@@ -285,7 +286,7 @@ def mala(
     vectorized: bool = False,
     _hastings_correction: bool = True,
 ) -> MCMCResult:
-    """Metropolis-adjusted Langevin sampling of ``pi(x) ∝ exp(log_target(x))`` on an unconstrained x in R^D (§3.10).
+    """Metropolis-adjusted Langevin sampling of ``pi(x) ∝ exp(log_target(x))`` on an unconstrained x in R^D.
 
     Each iteration proposes ``x' = x + (h^2/2) grad log pi(x) + h xi``, ``xi ~ N(0, I)``, and accepts it with
     probability ``min(1, pi(x') q(x|x') / (pi(x) q(x'|x)))``. A proposal whose log target or gradient is not

@@ -147,7 +147,7 @@ class Kronecker:
     """``M_1 ⊗ ... ⊗ M_D`` (C order: the first factor is the most significant) of structured factors.
 
     ``(⊗ M_i)^{-1} = ⊗ M_i^{-1}`` is applied factor by factor on the reshaped right-hand side, and
-    ``log|⊗ M_i| = sum_i (prod_{j != i} n_j) log|M_i|`` (§3.6): O(sum_i n_i^2 N / n_i) for N = prod n_i.
+    ``log|⊗ M_i| = sum_i (prod_{j != i} n_j) log|M_i|``: O(sum_i n_i^2 N / n_i) for N = prod n_i.
     """
 
     factors: list

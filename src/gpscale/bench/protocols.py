@@ -13,8 +13,9 @@ entry may carry ``max_n``: datasets with more training points skip it (the exact
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..kernels import SOFTPLUS_ZERO
 from ..models.grief_init import INIT_STRETCH
 
 __all__ = ["MethodSpec", "Protocol", "PROTOCOLS", "get_protocol", "register_protocol"]
@@ -59,8 +60,26 @@ class Protocol:
 
 PROTOCOLS: dict[str, Protocol] = {}
 
+# The estimators start a stationary kernel's lengthscales at the median distance between training rows unless they
+# are given a lengthscale (gpscale.defaults); the papers, GPyTorch and the models themselves start at softplus(0) =
+# ln 2. Every entry of a gpscale method whose kernel would start at the median (an RBF or Matérn built by name; not
+# the separable Matérns of the Fourier-feature methods, nor a deep basis kernel) is given that start explicitly at
+# registration, so that its recorded options are the estimator call that reproduces the run.
+_NOT_STATIONARY = ("dbk", "svdbk", "vff", "vff-svgp", "odvff")
+_STATIONARY_KERNELS = ("rbf", "matern12", "matern32", "matern52")
+PAPER_START = {"lengthscale": SOFTPLUS_ZERO}
+
+
+def _with_paper_start(spec: MethodSpec) -> MethodSpec:
+    ours = not (spec.key.startswith("gpytorch-") or spec.key == "estimator" or spec.key in _NOT_STATIONARY)
+    if not ours or "lengthscale" in spec.options or spec.options.get("kernel", "rbf") not in _STATIONARY_KERNELS:
+        return spec
+    return replace(spec, options={**spec.options, **PAPER_START})
+
 
 def register_protocol(protocol: Protocol) -> Protocol:
+    """Add ``protocol`` to the registry, its gpscale entries starting their lengthscales as the papers do."""
+    protocol = replace(protocol, methods=tuple(_with_paper_start(spec) for spec in protocol.methods))
     PROTOCOLS[protocol.name] = protocol
     return protocol
 

@@ -1,10 +1,14 @@
 """Run a protocol: every (dataset, split, seed, method) in a fixed order, in one process, each run recorded.
 
-A run that fails is recorded with its error and the suite goes on. Ours and the GPyTorch peers run on the same
-standardised data, inducing points from the same seeded k-means, in the same process, so their times compare
-as ratios. A method entry that differs from an earlier one on the same split only in the model's
-``posterior_options`` (SoftKI's ``calibrate_noise``) reuses that trained model and refits only the posterior;
-its record names the run it reused and counts that run's training time and peak memory.
+A run that fails is recorded with its error and the suite goes on. Every gpscale method runs through the public
+estimator, ``GPRegressor(method=key, **options)`` (``GPClassifier`` for a classification likelihood), as a user
+would run it: a published reproduction is a call anyone can make. The data set arrives scaled with its training
+statistics (:func:`gpscale.data.load_dataset`) and the estimator is told the same scaling, so its own scaling
+changes the rows by round-off only. Ours and the GPyTorch peers run on the same data, inducing points from the same
+seeded k-means, in the same process, so their times compare as ratios. A method entry that differs from an earlier
+one on the same split only in the model's ``posterior_options`` (SoftKI's ``calibrate_noise``) reuses that trained
+estimator and refits only its posterior (:meth:`gpscale.GPRegressor.refit_posterior`); its record names the run
+it reused and counts that run's training time and peak memory.
 """
 from __future__ import annotations
 
@@ -32,18 +36,18 @@ from ..likelihoods import MULTICLASS
 from ..models import get_model_class
 from ..models.inducing import kmeans_centers
 from ..shards import row_blocks
-from ..train import fit
 from .memory import PeakMemory
 from .protocols import MethodSpec, Protocol
 from .store import ResultsStore, identity
 
 __all__ = ["run_protocol", "run_one", "machine_info"]
 
-# for gpscale.train.fit
+# the training settings of a method entry (the GPyTorch peers take the first three)
 TRAINING_OPTIONS = ("epochs", "max_steps", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
 # a method entry with this key runs gpscale.GPRegressor(**options) (method "auto" unless the options name one): the
 # library as a user gets it
 ESTIMATOR = "estimator"
+CLASSIFICATION = ("bernoulli", *MULTICLASS)
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -114,28 +118,24 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
-    Xtr, ytr = (torch.tensor(a[first:last], dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train))
     Xte = torch.tensor(ds.X_test, dtype=torch_dtype, device=device)
     if spec.key.startswith("gpytorch-") and comm.world_size > 1:  # refused alike on every rank, before any collective
         return {**record, "status": "error", "error": "NotImplementedError: The GPyTorch peers run in one process."}
     try:
-        train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
-        options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
-        if "n_inducing" in options:
-            options["n_inducing"] = min(options["n_inducing"], ds.n_train)
         with PeakMemory(device) as peak:
             tic = time.perf_counter()
             if spec.key.startswith("gpytorch-"):
+                train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
+                options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
+                if "n_inducing" in options:
+                    options["n_inducing"] = min(options["n_inducing"], ds.n_train)
+                Xtr, ytr = (torch.tensor(a, dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train))
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
-            elif spec.key == ESTIMATOR:
-                predict, seconds_per_epoch, epochs, fitted = _run_estimator({**options, **train}, Xtr, ytr, seed,
-                                                                            progress, comm)
-                record.update(fitted)
-                reused = None
             else:
+                rows = (ds.X_train[first:last], ds.y_train[first:last])
                 predict, seconds_per_epoch, epochs, reused, fitted = _run_ours(
-                    spec, options, train, Xtr, ytr, seed, progress, {} if trained is None else trained, comm)
+                    spec, ds, rows, seed, dtype, device, progress, {} if trained is None else trained, comm)
                 record.update(fitted)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
@@ -150,7 +150,7 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
         record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
-        if trained is not None and reused is None and not spec.key.startswith("gpytorch-") and spec.key != ESTIMATOR:
+        if trained is not None and reused is None and not spec.key.startswith("gpytorch-"):
             trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
                                                         "peak_memory_mb": peak_mb}
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
@@ -196,60 +196,58 @@ def _warm_up(specs, dtype, device) -> None:
             run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)
 
 
-def _run_ours(spec, options, train, X, y, seed, progress, trained, comm=LOCAL):
-    """Train spec's model, or refit the posterior of a trained one that differs only in posterior options.
-    Returns (predict, seconds per epoch, epochs, the reused run or None, what the record adds: optimiser steps and
-    whether training converged)."""
-    cls = get_model_class(spec.key)
-    identity = _training_identity(spec)
-    earlier = trained.get(identity)
+def _run_ours(spec, ds, rows, seed, dtype, device, progress, trained, comm=LOCAL):
+    """Fit spec's method through the public estimator on this process's training ``rows`` of ``ds``, or refit the
+    posterior of an estimator trained earlier whose entry differs only in posterior options. Returns (predict,
+    seconds per epoch, epochs, the reused run or None, what the record adds: the method fitted, its optimiser steps
+    and whether training converged)."""
+    X, y = rows
+    earlier = trained.get(_training_identity(spec))
     if earlier is not None and "run" in earlier:
-        model = copy.deepcopy(earlier["model"])
-        for name in cls.posterior_options:
-            setattr(model, name, options.get(name, _default(cls, name)))
-        model.fit_posterior(X, y, comm)
-        result, reused = earlier["result"], earlier["run"]
+        est = copy.deepcopy(earlier["estimator"])
+        posterior = get_model_class(est.method_).posterior_options
+        est.refit_posterior(X, y, **{name: spec.options.get(name, _default(get_model_class(est.method_), name))
+                                     for name in posterior})
+        reused = earlier["run"]
     else:
-        model = cls(X.shape[1], **options).to(dtype=X.dtype, device=X.device)
-        result, reused = fit(model, X, y, seed=seed, progress=progress, comm=comm, **train), None
-        trained[identity] = {"model": model, "result": result}
+        est = _estimator(spec, ds, seed, dtype, device, progress, comm).fit(X, y)
+        trained[_training_identity(spec)] = {"estimator": est}
+        reused = None
 
     def predict(Xs):
-        model.check_inputs(Xs)
-        with torch.no_grad():
-            return model.likelihood.predictive(*model.predict(Xs))
-
-    fitted = {"steps": result.steps, "converged": None if result.converged is None else int(result.converged)}
-    return predict, result.seconds_per_epoch, result.epochs_run, reused, fitted
-
-
-def _run_estimator(options, X, y, seed, progress, comm=LOCAL):
-    """``GPRegressor(**options)`` on (X, y), as a user fits it: the estimator chooses the method (unless the
-    options name one), scales the data (already standardised here, so its scaling changes nothing but round-off)
-    and trains with the library's defaults. Returns (predict, seconds per epoch, epochs, what the record adds: the
-    method fitted, its optimiser steps and whether training converged)."""
-    from ..estimator import GPRegressor
-
-    est = GPRegressor(**{"seed": seed, "progress": progress, "dtype": _DTYPE_NAMES[X.dtype],
-                         "distributed": comm.world_size > 1, **options})
-    est.fit(X.cpu().numpy(), y.cpu().numpy())
-
-    def predict(Xs):
-        mean, std = est.predict(Xs.cpu().numpy(), return_std=True)
+        Xs = Xs.cpu().numpy()
+        if hasattr(est, "predict_proba"):
+            probabilities = torch.from_numpy(est.predict_proba(Xs))
+            return probabilities, torch.zeros_like(probabilities)
+        mean, std = est.predict(Xs, return_std=True)
         return torch.from_numpy(mean), torch.from_numpy(std**2)
 
     result = est.fit_result_
     fitted = {"fitted_method": est.method_, "steps": result.steps,
               "converged": None if result.converged is None else int(result.converged)}
-    return predict, result.seconds_per_epoch, result.epochs_run, fitted
+    return predict, result.seconds_per_epoch, result.epochs_run, reused, fitted
 
 
-_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
+def _estimator(spec, ds, seed, dtype, device, progress, comm):
+    """The estimator of a method entry: ``GPRegressor(method=key, **options)`` (``GPClassifier`` for a
+    classification likelihood; the entry ``estimator`` takes its method, if any, from its options), told the data
+    set's scaling."""
+    from ..estimator import GPClassifier, GPRegressor
+
+    options = dict(spec.options)
+    if spec.key != ESTIMATOR:
+        options["method"] = spec.key
+    common = {"seed": seed, "progress": progress, "dtype": dtype, "device": device,
+              "distributed": comm.world_size > 1, "x_scaling": ds.x_scaling}
+    if options.get("likelihood") in CLASSIFICATION:
+        return GPClassifier(**{**common, **options})
+    return GPRegressor(**{**common, "normalize_y": ds.standardize_y, **options})
 
 
 def _training_identity(spec: MethodSpec) -> str:
     """What determines the trained model: the key and every option but the posterior-only ones."""
-    posterior = get_model_class(spec.key).posterior_options
+    key = spec.options.get("method", "auto") if spec.key == ESTIMATOR else spec.key
+    posterior = () if key == "auto" else get_model_class(key).posterior_options
     return json.dumps([spec.key, {k: v for k, v in spec.options.items() if k not in posterior}],
                       sort_keys=True, default=str)
 

@@ -1,5 +1,5 @@
-"""Variational Fourier features (VFF; Hensman, Durrande & Solin 2018) of Matérn kernels on an interval [a, b]
-(spec: shared/specs/odvff.md §3).
+"""Variational Fourier features (VFF; Hensman, Durrande & Solin 2018, "Variational Fourier features
+for Gaussian processes", JMLR) of Matérn kernels on an interval [a, b].
 
 The features are RKHS projections ``zeta_j = <f, phi_j>_H`` of f onto the harmonic Fourier basis on [a, b],
 
@@ -7,7 +7,7 @@ The features are RKHS projections ``zeta_j = <f, phi_j>_H`` of f onto the harmon
     omega_m = 2 pi m / (b - a),
 
 2F + 1 of them (the cos block, m = 0..F, first). For Matérn-1/2, 3/2 and 5/2 restricted to [a, b] their
-covariances are known in closed form (§3.3-3.4):
+covariances are known in closed form:
 
 - ``Kuf = Cov(zeta, f(x)) = phi(x)`` for x in [a, b], whatever the hyperparameters (the reproducing property);
   outside [a, b] only the boundary form survives and the entries decay like ``exp(-lambda delta)`` (:func:`vff_Kuf`);
@@ -21,7 +21,7 @@ tensor-product features (K_uu the Kronecker product of the 1-D matrices, :class:
 (2F + 1)^D features, for D <= 3).
 
 Interval: the induced kernel ``phi^T Kuu^{-1} phi`` converges to k inside (a, b) as F grows, but not at the ends,
-where every feature has phi(a) = phi(b) and the residual stays about s^2 / 2 (§9 pitfall 1). So the box must
+where every feature has phi(a) = phi(b) and the residual stays about s^2 / 2. So the box must
 contain the data with a margin of a few lengthscales (:func:`box_with_margin`), and F must be large enough that
 omega_F exceeds a few lambda: for Matérn-3/2, F of about (b - a) / l gives 1% kernel error.
 
@@ -44,13 +44,14 @@ NUS = (0.5, 1.5, 2.5)
 
 
 def matern_lambda(nu: float, lengthscale: Tensor) -> Tensor:
-    """``lambda = sqrt(2 nu) / l``: the decay rate in ``k = s^2 p(lambda r) exp(-lambda r)`` (§3.1)."""
+    """``lambda = sqrt(2 nu) / l``: the decay rate in ``k = s^2 p(lambda r) exp(-lambda r)``."""
     _check_nu(nu)
     return math.sqrt(2.0 * nu) / lengthscale
 
 
 def frequencies(a: float, b: float, n_frequencies: int, dtype=torch.float64, device=None) -> Tensor:
-    """``omega_m = 2 pi m / (b - a)`` for m = 0..F [F + 1] (pitfall 3: not 2 pi (b - a) / m)."""
+    """``omega_m = 2 pi m / (b - a)`` for m = 0..F [F + 1]: harmonic, m whole periods on [a, b]
+    (not 2 pi (b - a) / m)."""
     return 2 * math.pi * torch.arange(n_frequencies + 1, dtype=dtype, device=device) / (b - a)
 
 
@@ -62,7 +63,7 @@ def fourier_basis(x: Tensor, a: float, b: float, n_frequencies: int) -> Tensor:
 
 
 def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, lengthscale: Tensor) -> Tensor:
-    """``Cov(zeta, f(x))`` [2F + 1, n] for a 1-D Matérn-nu with lengthscale l (§3.4).
+    """``Cov(zeta, f(x))`` [2F + 1, n] for a 1-D Matérn-nu with lengthscale l.
 
     Inside [a, b] it is ``phi(x)``. Outside, with e the nearer end, delta = |x - e| and s = x - e, the features
     see f(x) only through the boundary terms of the inner product, and the entries are (per frequency omega):
@@ -72,7 +73,8 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
         nu = 5/2:  cos: (1 + lambda delta + (lambda^2 - omega^2) delta^2 / 2) exp(-lambda delta);
                    sin: s omega (1 + lambda delta) exp(-lambda delta)
 
-    (the reference code has 1/2 and 3/2 only; 5/2 is the spec's derivation, checked by quadrature in the tests).
+    (the reference code has 1/2 and 3/2 only; 5/2 is derived the same way, from the boundary terms of the inner
+    product, and checked against inner products integrated by quadrature in the tests).
     These are continuous at a and b but reproduce k poorly: keep the data inside with a margin.
     """
     inside = fourier_basis(x.clamp(a, b), a, b, n_frequencies)
@@ -99,7 +101,7 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
 def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tensor,
             variance: Tensor) -> DiagPlusLowRank:
     """``Kuu = <phi_i, phi_j>_H`` [2F + 1, 2F + 1] for a 1-D Matérn-nu (variance s^2, lengthscale l) on [a, b]:
-    ``blockdiag(K_cos, K_sin)`` (the cos-sin block is exactly zero), each ``diag + W W^T`` (§3.3), returned as one
+    ``blockdiag(K_cos, K_sin)`` (the cos-sin block is exactly zero), each ``diag + W W^T``, returned as one
     ``diag + W W^T`` with W = blockdiag(W_cos, W_sin):
 
         nu = 1/2: d = Delta (lambda^2 + omega^2) / (c lambda s^2),         c = 2 (m = 0), 4;  W_cos = 1 / s

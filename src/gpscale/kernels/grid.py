@@ -1,4 +1,4 @@
-"""Cartesian grids of inducing points and the GP-GRIEF eigenfunctions (Evans & Nair 2018; spec: shared/specs/grief.md).
+"""Cartesian grids of inducing points and the GP-GRIEF eigenfunctions (Evans & Nair 2018, arXiv 1807.02125).
 
 With a product kernel ``k(x, z) = prod_i k_i(x_i, z_i)`` and inducing points U on the grid ``xg[0] x ... x xg[d-1]``
 (``mbar_i`` points in dimension i, ``m = prod_i mbar_i`` of them, up to 10^33 and more), every quantity GRIEF needs
@@ -17,7 +17,7 @@ first dimension is the most significant. Everything here is float64 (the callers
 terms would lose digits in float32.
 
 The 1-D kernels are squared exponentials, ``k_i(a, b) = exp(-(a - b)^2 / (2 l_i^2))``, with the signal variance
-``s_f^2`` on the first factor only (pitfall 13: on every factor it would be raised to the power d).
+``s_f^2`` on the first factor only (on every factor it would be raised to the power d).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ __all__ = ["grid_points", "se_factor", "grid_factors", "cross_factors", "factor_
            "grief_features", "interpolated_kernel"]
 
 # eigh's backward ignores pairs of eigenvalues closer than this (relative to the largest): they are degenerate to
-# working precision, and 1 / (lambda_i - lambda_j) would turn round-off into inf or NaN (pitfall 9).
+# working precision, and 1 / (lambda_i - lambda_j) would turn round-off into inf or NaN.
 DEGENERATE_GAP = 100 * torch.finfo(torch.float64).eps
 
 
@@ -37,7 +37,9 @@ def grid_points(X: Tensor, grid_size: int = 10) -> list[Tensor]:
 
     ``mbar_i = min(grid_size, #unique(X[:, i]))``: a column with at most ``grid_size`` distinct values (binary or
     categorical features, a constant) gets exactly those values, sorted; any other gets ``grid_size`` points
-    spaced evenly from its minimum to its maximum. Build it from the training inputs only (pitfall 12).
+    spaced evenly from its minimum to its maximum. Build it from the training inputs only
+    (the official tutorial builds it from train and test inputs together, which lets the test inputs shape the
+    features the model is trained with).
     """
     grids = []
     for column in X.T:
@@ -92,7 +94,7 @@ class _SymmetricEigh(torch.autograd.Function):
     selected eigenpairs, so the unselected columns of g_Q are 0 and contribute nothing; the gradient is exact when
     each selected eigenvalue is separated from every other one, and finite otherwise, where the eigenvector
     is not a differentiable function of K anyway (SE factors have simple eigenvalues, except at the jitter
-    floor, pitfall 9).
+    floor, where nearly equal eigenvalues are common).
     """
 
     @staticmethod
@@ -116,9 +118,9 @@ def factor_eigh(K: Tensor) -> tuple[Tensor, Tensor]:
     """Eigenvalues lam [mbar] (ascending) and orthonormal eigenvectors Q [mbar, mbar] (columns) of one factor K.
 
     Round-off can make the small eigenvalues of a smooth kernel zero or negative, which breaks both the logs and
-    the exactness of Algorithm 1 (pitfall 2), so they are clipped at ``eps * max(lam)``, the resolution of eigh;
-    with the default jitter of 1e-12 the clip rarely acts. Differentiable, without NaN on degenerate pairs (see
-    :class:`_SymmetricEigh`).
+    the exactness of Algorithm 1 (it needs positive factors, see :func:`top_eigenvalues`), so they are clipped at
+    ``eps * max(lam)``, the resolution of eigh; with the default jitter of 1e-12 the clip rarely acts.
+    Differentiable, without NaN on degenerate pairs (see :class:`_SymmetricEigh`).
     """
     lam, Q = _SymmetricEigh.apply(K)
     floor = torch.finfo(lam.dtype).eps * lam.detach().max()
@@ -140,7 +142,8 @@ def top_eigenvalues(lams: list[Tensor], p: int) -> tuple[Tensor, Tensor]:
     index ``a * mbar_i + b``, the C order of ``logl ⊗ lam^(i)``), of which the top p are kept: a prefix outside
     the top p is beaten by p prefixes times the same suffix, so no eigenvalue of the top p is lost. Time
     O(d mbar p log(mbar p)), memory O(mbar p), whatever m. The sort is stable, so ties go to the lower flat
-    index (pitfall 3).
+    index and the top-p set is reproducible: isotropic kernels on identical grids give exactly equal products,
+    and a tie that straddles position p would otherwise be broken arbitrarily.
     """
     logl, order = torch.sort(torch.log(lams[0]), descending=True, stable=True)
     logl, idxs = logl[:p], order[:p].unsqueeze(-1)
@@ -149,7 +152,8 @@ def top_eigenvalues(lams: list[Tensor], p: int) -> tuple[Tensor, Tensor]:
         candidates = (logl.unsqueeze(-1) + torch.log(lam)).reshape(-1)  # [|logl| * mbar]
         logl, order = torch.sort(candidates, descending=True, stable=True)
         logl, order = logl[:p], order[:p]
-        # floor by the size of the dimension being appended (pitfall 4)
+        # floor by the size of the dimension being appended: any other divisor still gives a PSD kernel, but the
+        # wrong one
         idxs = torch.cat([idxs[order // mbar], (order % mbar).unsqueeze(-1)], dim=1)
     return logl, idxs
 
@@ -167,7 +171,7 @@ def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tenso
     (5-10 times slower forward and backward at d = 18, p = 1000). An exact zero in some B^(i) contributes log 1 = 0
     and zeroes its entry of Phi through the count ``[R == 0] S``, without NaN (its gradient with respect to that
     entry is then taken as 0, a measure-zero case). Dividing by sqrt(lambda) inside the exponent keeps Phi of order
-    1 where the products themselves over- or underflow (pitfall 1).
+    1 where the products themselves over- or underflow.
 
     Args:
         Kxu: d factors K_XU^(i) [n, mbar_i].
@@ -197,7 +201,7 @@ def grief_features(Kxu: list[Tensor], Q: list[Tensor], idxs: Tensor, logl: Tenso
 
 def interpolated_kernel(E: list[Tensor], K: list[Tensor], rows: slice = slice(None)) -> Tensor:
     """Rows ``rows`` of the interpolated covariance ``E K_UU E^T`` [n_rows, n] on a grid, for interpolation that
-    factorises over dimensions (``E = E^(1) * ... * E^(d)``, row-wise Khatri-Rao; paper §4.2):
+    factorises over dimensions (``E = E^(1) * ... * E^(d)``, row-wise Khatri-Rao; paper Section 4.2):
 
         E K_UU E^T = ⊙_i E^(i) K^(i) E^(i)T,
 

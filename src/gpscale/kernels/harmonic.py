@@ -1,5 +1,5 @@
 """Group actions and the real harmonic sub-kernels of the Harmonic Kernel Decomposition (HKD; Sun, Shi, Wilson &
-Grosse 2021; spec: shared/specs/hkd.md §2).
+Grosse, "Scalable Variational Gaussian Processes via Harmonic Kernel Decomposition", ICML 2021).
 
 A finite abelian group acts on R^d through J commuting cyclic "ways" G_1..G_J with periods P_1..P_J
 (``G_j^{P_j} = id``). Its S = prod_j P_j elements are numbered row-major over the multi-index (s_1..s_J),
@@ -7,7 +7,7 @@ A finite abelian group acts on R^d through J commuting cyclic "ways" G_1..G_J wi
     G^s = G_1^{s_1} o ... o G_J^{s_J},    s = ravel((s_1..s_J), (P_1..P_J)).
 
 If k is invariant, ``k(G x, G x') = k(x, x')``, the discrete Fourier transform of ``s -> k(x, G^s x')`` splits it
-into sub-kernels. Pairing the complex frequencies t and P - t gives the real form used here (§2.5):
+into sub-kernels. Pairing the complex frequencies t and P - t gives the real form used here (the paper's Section 3.4):
 
     k_t(x, x') = sum_s W[t, s] k(x, G^s x'),    W = W(P_1) ⊗ ... ⊗ W(P_J)  [T, S],
     W(P)[t, s] = (c_t / P) cos(2 pi t s / P),   c_t = 1 if t = 0 or 2t = P else 2,   t = 0..floor(P/2),
@@ -20,7 +20,8 @@ kernel is not invariant to PCA negations, rotations, coordinate shifts or image 
 The orbit is always applied to the second argument (the inducing points, in HVGP), and every action is made of
 differentiable tensor operations, so gradients reach the kernel hyperparameters and X2. Inputs are X [n, d];
 images are flattened row-major over [height, width, channels] (channels last). Work in float64: k_t is a signed
-sum of similar numbers (§8, pitfall 5).
+sum of similar numbers, and in float32 the cancellation can cost the sub-kernel matrices their positive
+semi-definiteness.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_direc
 
 
 def real_weights(P: int) -> Tensor:
-    """The real-resolved DFT weights W(P) [floor(P/2) + 1, P] of one cyclic way (float64, §2.5)."""
+    """The real-resolved DFT weights W(P) [floor(P/2) + 1, P] of one cyclic way (float64)."""
     P = operator.index(P)
     if P < 1:
         raise ValueError(f"A cyclic way has period P >= 1, got P={P}.")

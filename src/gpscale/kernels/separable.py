@@ -1,5 +1,6 @@
 """Separable Matérn kernels: a sum or a product over input dimensions of 1-D Matérns, the kernels whose RKHS
-variational Fourier features factorise over dimensions (spec odvff.md §3.6).
+variational Fourier features factorise over dimensions (one feature set per dimension for a sum, tensor-product
+features for a product).
 
     additive:  k(x, x') = sum_d s_d^2 g(|x_d - x'_d| / l_d)      (its own s_d^2 and l_d per dimension)
     product:   k(x, x') = s^2 prod_d g(|x_d - x'_d| / l_d)

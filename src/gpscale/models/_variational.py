@@ -11,9 +11,10 @@ N(0, I) and
 
 (Hensman et al. 2013). ``loss`` returns ``-ELBO / num_data`` so that the learning rate does not depend on n.
 
-:class:`OrthogonallyDecoupledGP` (Salimbeni et al. 2018a; spec odvff.md §2.4, §4) adds a second basis for the
-mean only: inducing inputs gamma [M_g, d] with weights a, projected onto the orthogonal complement of the features
-beta, whose q(beta) = N(m, S) is kept unwhitened (``Kbb`` is used through its structured ``Kuu_operator()``):
+:class:`OrthogonallyDecoupledGP` (Salimbeni et al. 2018a; with Fourier features as beta, Azzimonti et al.'s ODVFF)
+adds a second basis for the mean only: inducing inputs gamma [M_g, d] with weights a, projected onto the orthogonal
+complement of the features beta, whose q(beta) = N(m, S) is kept unwhitened (``Kbb`` is used through its
+structured ``Kuu_operator()``):
 
     mean(x) = k(x, gamma) a + phi(x)^T Kbb^{-1} (m - Kbg a),       phi(x) = Kuf(x) = Cov(beta, f(x))
     var(x)  = k(x, x) - phi^T Kbb^{-1} phi + phi^T Kbb^{-1} S Kbb^{-1} phi
@@ -386,7 +387,8 @@ class OrthogonallyDecoupledGP(GPModel):
                          + q_mu @ Kbb.solve(q_mu.unsqueeze(-1)).squeeze(-1))
         if not self.n_mean_inducing:
             return kl_beta
-        # a^T (Kgg - Kgb Kbb^{-1} Kbg) a without factorising anything M_g x M_g (pitfall 9)
+        # a^T (Kgg - Kgb Kbb^{-1} Kbg) a as two quadratic forms, never forming or factorising the M_g x M_g Schur
+        # complement (so M_g can be large); it is >= 0 in exact arithmetic, and the clamp removes round-off below 0
         a, c = weights.a, weights.c
         Kgg = self.kernel(self.gamma, self.gamma).to(CORE)
         orthogonal = a @ Kgg @ a - c @ Kbb.solve(c.unsqueeze(-1)).squeeze(-1)

@@ -1,4 +1,5 @@
-"""Deep Basis Kernel GPs (Zhu, Yuchi & Xie 2025, arXiv 2505.18526 v1; spec: shared/specs/lrdkd.md).
+"""Deep Basis Kernel GPs (Zhu, Yuchi & Xie 2025, "Scalable Gaussian Processes with Low-Rank Deep
+Kernel Decomposition", arXiv 2505.18526 v1).
 
 A network phi: R^d -> R^r outputs r basis functions, and the kernel is their inner product (eq. 4):
 
@@ -125,7 +126,8 @@ def trace_penalty(k: Tensor, k_max: Tensor, noise: Tensor, num_data: int) -> Ten
         (num_data / b) sum_i (k_max - k_i) / (2 sigma^2).
 
     With every row and k_max = max_i k_i it is exact, ``(n k_max - sum_i k_i) / (2 sigma^2)``; on a minibatch it is
-    unbiased for a given k_max. It is divided by sigma^2: this is what makes sigma^2 -> 0 costly (pitfall 7).
+    unbiased for a given k_max. It is divided by sigma^2, not multiplied: this is what makes sigma^2 -> 0
+    costly.
     """
     return (num_data / k.shape[0]) * (k_max - k).sum() / (2 * noise)
 
@@ -227,7 +229,8 @@ class DeepBasisModel(GPModel):
                     layer.reset_parameters()
 
     def parameter_groups(self) -> list[dict]:
-        """Weight decay on the network's parameters only (pitfall 9), none on sigma^2 or q(w)."""
+        """Weight decay on the network's parameters only, none on sigma^2 or q(w): it regularises the network, while
+        q(w) is already held to its prior by the KL term and sigma^2 is a noise level, not a weight."""
         network = [p for p in self.kernel.network.parameters() if p.requires_grad]
         in_network = {id(p) for p in network}
         others = [p for p in self.parameters() if p.requires_grad and id(p) not in in_network]

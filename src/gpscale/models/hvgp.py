@@ -1,4 +1,5 @@
-"""HVGP: the harmonic variational GP (Sun, Shi, Wilson & Grosse 2021; spec shared/specs/hkd.md §3-4).
+"""HVGP: the harmonic variational GP (Sun, Shi, Wilson & Grosse 2021, "Scalable Variational Gaussian
+Processes via Harmonic Kernel Decomposition", ICML).
 
 A kernel invariant under a finite abelian group of input maps G splits into T real sub-kernels
 ``k_t(x, x') = sum_s W[t, s] k(x, G^s x')`` (:mod:`gpscale.kernels.harmonic`) that sum to k and have orthogonal
@@ -76,7 +77,8 @@ class HarmonicFeatures(InducingFeatures):
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the
-        orbit and symmetric by construction (Cholesky reads one triangle pitfall 6)."""
+        orbit and symmetric by construction (Cholesky reads only one triangle, so an asymmetric K_uu would give a
+        silently wrong factor)."""
         device = self.Z.device if device is None else device
         kernel = kernel_on(self.kernel, device)
         if self.shared:

@@ -1,7 +1,7 @@
 """ODVGP: the orthogonally decoupled variational GP with inducing points in both bases (Salimbeni, Cheng, Boots &
-Deisenroth 2018a; spec shared/specs/odvff.md §4.7): beta = f(Z) [M_b, d] carries the covariance and part of the
-mean, gamma [M_g, d] the rest of the mean, on the engine's :class:`~gpscale.models._variational.
-OrthogonallyDecoupledGP`.
+Deisenroth 2018a, "Orthogonally decoupled variational Gaussian processes", NeurIPS): beta = f(Z) [M_b, d] carries
+the covariance and part of the mean, gamma [M_g, d] the rest of the mean, on the engine's
+:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SoftKI: soft kernel interpolation (Camaño & Huang, 2024, arXiv 2410.21419; spec: shared/specs/softki.md).
+"""SoftKI: soft kernel interpolation (Camaño & Huang, 2024, arXiv 2410.21419).
 
 Each input gets a dense row of softmax interpolation weights over m learned points Z [m, d],
 
@@ -11,7 +11,7 @@ and the kernel is interpolated from the inducing covariance ``K_zz = k(Z, Z)`` [
 With ``K_zz = L_zz L_zz^T`` (float64 core) this is a Bayesian linear model
 (:class:`~gpscale.models._linear.FeatureSpaceGP`) with features
 ``phi(x) = L_zz^T w(x)`` [m] and weights ``v ~ N(0, I)`` (the inducing values are ``u = L_zz v ~ N(0, K_zz)``).
-The engine's posterior is the spec's §5 posterior: with ``B = I + Phi^T Phi / beta^2`` and
+The engine's posterior is the paper's (eqs. 24-25, Appendix A): with ``B = I + Phi^T Phi / beta^2`` and
 ``C^ = K_zz + K^_zx K^_xz / beta^2 = L_zz B L_zz^T`` (``K^_xz = W_xz K_zz``),
 
     mean(x*)  = phi(x*)^T B^{-1} Phi^T y / beta^2 = K^_*z C^{-1} K^_zx y / beta^2 = K^_*z alpha   (eq. 25)

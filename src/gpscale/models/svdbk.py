@@ -62,7 +62,8 @@ class SVDBK(DeepBasisModel):
         """
         L = self.q_sqrt.to(Phi.dtype)
         mean = Phi @ self.q_mu.to(Phi.dtype)  # [b]
-        var = ((Phi @ L) ** 2).sum(-1)  # ||L^T phi_i||^2: rows phi_i^T L (pitfall 8)
+        # ||L^T phi_i||^2 as the squared norms of the rows phi_i^T L of Phi L (Phi L^T would give ||L phi_i||^2)
+        var = ((Phi @ L) ** 2).sum(-1)
         expected = self.likelihood.expected_log_prob(y, mean, var).sum()
         return (num_data / Phi.shape[0]) * expected.to(CORE) - gauss_kl_whitened(self.q_mu.to(CORE), L.to(CORE))
 

@@ -1,4 +1,5 @@
-"""VFF: variational Fourier features (Hensman, Durrande & Solin 2018, JMLR; spec shared/specs/odvff.md §3, §4.7).
+"""VFF: variational Fourier features (Hensman, Durrande & Solin 2018, "Variational Fourier features for
+Gaussian processes", JMLR).
 
 The inducing variables are RKHS projections of f onto a harmonic Fourier basis on a box around the data
 (:mod:`gpscale.kernels.fourier`), for a separable Matérn kernel (:mod:`gpscale.kernels.separable`): additive,

@@ -1,0 +1,32 @@
+"""Scaling with training statistics (gpscale.scaling), shared by the loaders, the estimators and the benchmark."""
+import numpy as np
+import pytest
+
+from gpscale.scaling import fit_scaling
+
+
+def test_standard_scaling_z_scores_with_training_statistics_and_guards_constant_columns():
+    s = fit_scaling([[1.0, 5.0], [3.0, 5.0]], "standard")
+    np.testing.assert_array_equal(s.shift, [2.0, 5.0])
+    np.testing.assert_array_equal(s.scale, [1.0, 1.0])  # second column guarded
+    np.testing.assert_array_equal(s.apply([[1.0, 5.0], [3.0, 5.0]]), [[-1.0, 0.0], [1.0, 0.0]])
+    np.testing.assert_array_equal(s.apply([[5.0, 6.0]]), [[3.0, 1.0]])
+    np.testing.assert_array_equal(s.undo([[3.0, 1.0]]), [[5.0, 6.0]])
+
+
+def test_minmax_scaling_maps_the_training_rows_onto_minus_one_one():
+    s = fit_scaling([[1.0, 5.0], [3.0, 5.0], [2.0, 5.0]], "minmax")
+    np.testing.assert_array_equal(s.shift, [2.0, 5.0])
+    np.testing.assert_array_equal(s.scale, [1.0, 1.0])  # second column guarded
+    np.testing.assert_array_equal(s.apply([[1.0, 5.0], [3.0, 5.0], [2.0, 5.0]]),
+                                  [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(s.apply([[5.0, 6.0]]), [[3.0, 1.0]])
+
+
+def test_targets_and_no_scaling():
+    y = fit_scaling([1.0, 2.0, 3.0, 6.0], "standard")
+    assert y.shift == pytest.approx(3.0) and y.scale == pytest.approx(np.sqrt(3.5))
+    none = fit_scaling([[4.0, -2.0]], "none")
+    np.testing.assert_array_equal(none.apply([[4.0, -2.0]]), [[4.0, -2.0]])
+    with pytest.raises(ValueError, match="A scaling must be one of 'standard', 'minmax', 'none', got 'unit'"):
+        fit_scaling([[1.0]], "unit")

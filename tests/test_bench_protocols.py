@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from gpscale.bench.protocols import PROTOCOLS, get_protocol
+from gpscale.bench.protocols import PAPER_START, PROTOCOLS, MethodSpec, _with_paper_start, get_protocol
 from gpscale.bench.runner import ESTIMATOR, TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
@@ -304,7 +304,7 @@ def test_grief_table1_layout():
     # grief-i-orth first, so that grief-i (80 min a fold) reuses its cheap initialisation, not the other way round
     assert [spec.name for spec in protocol.methods].index("grief-i-orth") < [s.name for s in protocol.methods].index(
         "grief-i")
-    assert specs["exact"].max_n == 2000 and specs["exact"].options == {"epochs": 300, "lr": 0.1}
+    assert specs["exact"].max_n == 2000 and specs["exact"].options == {"epochs": 300, "lr": 0.1, **PAPER_START}
     # the paper's RMSE in the units of y: II, I (for both solvers) everywhere, Yang's exact GP where n < 2000
     for dataset, (n, _) in GRIEF_TABLE1_SIZES.items():
         for label in ("grief", "grief-i", "grief-i-orth") + (("exact",) if n < 2000 else ()):
@@ -471,3 +471,25 @@ def test_hvgp_mnist_smoke_run_scores_classification(name, tmp_path):
     for r in runs:
         assert r["status"] == "ok", r
         assert 0 <= r["accuracy"] <= 1 and np.isfinite(r["nlpd"]) and r.get("rmse") is None and r["n_train"] == 300
+
+
+@pytest.mark.parametrize("key", available_methods())
+@pytest.mark.parametrize("kernel", [None, "rbf", "matern32", "additive_matern32"])
+def test_the_paper_start_is_given_exactly_where_the_estimator_would_start_at_the_median(key, kernel):
+    """Registration gives lengthscale=ln 2 to an entry whose model the estimator would start at the median distance
+    (a stationary kernel, no lengthscale given), so a protocol's recorded options reproduce its run."""
+    options = {} if kernel is None else {"kernel": kernel}
+    try:
+        model = get_model_class(key)(2, **options)
+    except ValueError:  # a kernel the method does not take
+        return
+    added = "lengthscale" in _with_paper_start(MethodSpec(key, options)).options
+    assert added == model.start_lengthscale_at_median()
+
+
+def test_every_registered_gpscale_entry_starts_where_its_paper_does():
+    for protocol in PROTOCOLS.values():
+        for spec in protocol.methods:
+            if spec.key.startswith("gpytorch-") or spec.key == "estimator":
+                continue
+            assert _with_paper_start(spec) == spec, (protocol.name, spec.name)

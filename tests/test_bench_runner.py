@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpscale import estimator
 from gpscale.bench import runner
 from gpscale.bench.protocols import MethodSpec, Protocol, get_protocol
 from gpscale.bench.report import write_report
@@ -146,7 +147,7 @@ def test_a_posterior_option_declared_by_a_parent_class_is_reset_on_the_reused_mo
 
 def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     built = []
-    monkeypatch.setattr(runner, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))
+    monkeypatch.setattr(estimator, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))
     spec = MethodSpec("exact", dict(epochs=3, lr=0.1, noise_floor=1e-4),
                       dataset_overrides={"gp_sample": {"epochs": 2, "noise_floor": 1e-3}, "unused": {"epochs": 9}})
     protocol = replace(TINY, methods=(spec,), dataset_options={"friedman1": {"n": 120}, "gp_sample": {"n": 120}})
@@ -225,8 +226,8 @@ def test_cli_bench_passes_its_options_to_the_runner(tmp_path, monkeypatch):
 
 
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
-    """val_fraction and patience are training options: fit() holds out the rows and stops early; given to the
-    model's constructor they would be an unknown option and the run an error."""
+    """val_fraction and patience are training options, the estimator's parameters: fit() holds out the rows and stops
+    early; given to the model's constructor they would be an unknown option and the run an error."""
     calls = []
 
     def spy(model, X, y, **kwargs):
@@ -234,7 +235,7 @@ def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
         calls.append((kwargs, result, X.shape[0]))
         return result
 
-    monkeypatch.setattr(runner, "fit", spy)
+    monkeypatch.setattr(estimator, "fit", spy)
     ds = load_dataset("friedman1", n=300)
     spec = MethodSpec("svgp", dict(n_inducing=8, epochs=30, batch_size=64, lr=0.05, val_fraction=0.2, patience=1))
     record = run_one(spec, ds, seed=0, dtype="float64")

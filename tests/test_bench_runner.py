@@ -175,7 +175,7 @@ def test_an_auto_entry_runs_the_estimator_with_its_defaults_and_records_what_it_
 
 def test_the_warm_up_is_one_epoch_and_a_short_chain(monkeypatch):
     """The untimed warm-up must stay tiny also for a model whose work is all in fit_posterior (GRIEF-I's MCMC
-    ignores epochs): it takes the model's warm_up_options on top of one epoch."""
+    ignores epochs): it takes the runner's WARM_UP_OPTIONS on top of one epoch."""
     seen = []
     monkeypatch.setattr(runner, "run_one", lambda spec, ds, **kw: seen.append(spec.options))
     specs = (MethodSpec("grief-i", dict(n_eigen=1000, n_iterations=10_000, burn_in=1_000, thin=50)),

@@ -311,13 +311,14 @@ JOINT_OPTIONS = {"exact": {}, "sgpr": {"n_inducing": 10}, "svgp": {"n_inducing":
 @pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged")  # a chain of 60 steps, on purpose
 @pytest.mark.parametrize("key", sorted(JOINT_OPTIONS))
 def test_the_joint_predictive_has_the_marginal_moments_on_its_diagonal_and_is_symmetric_psd(key):
+    from gpscale.bench.runner import WARM_UP_OPTIONS
     from gpscale.models import available_methods
     from gpscale.train import fit
 
     assert set(JOINT_OPTIONS) == set(available_methods())  # a new method joins this contract
     X, y = toy_regression(n=80, d=2)
     cls = get_model_class(key)
-    model = cls(2, **JOINT_OPTIONS[key], **cls.warm_up_options).double()
+    model = cls(2, **JOINT_OPTIONS[key], **WARM_UP_OPTIONS.get(key, {})).double()
     fit(model, X, y, epochs=3, batch_size=40, lr=0.01, progress=False)
     Xs = toy_regression(n=7, d=2, seed=4)[0]
     mean, var = model.predict(Xs)

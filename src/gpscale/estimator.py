@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import __version__
+from ._version import __version__
 from .defaults import Choice, choose_method, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm
 from .io import ModelFileError, read_model_file, write_model_file

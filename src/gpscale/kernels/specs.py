@@ -1,5 +1,5 @@
-"""Kernels as constructor specs: what a model file stores in place of a kernel object, so that loading a model never
-unpickles code.
+"""Kernels by name (:func:`make_kernel`, :func:`register_kernel`) and as constructor specs: what a model file stores
+in place of a kernel object, so that loading a model never unpickles code.
 
 A spec is ``{"type": <class name>, **config}`` for gpscale's own kernels (their ``config()``: the constructor's
 arguments, nested kernels as specs). The tensors of the kernel travel in the model's ``state_dict``; the spec
@@ -19,13 +19,38 @@ from __future__ import annotations
 from typing import Callable
 
 from .separable import AdditiveMatern, ProductMatern
-from .stationary import KERNEL_NAMES, RBF, Kernel, Matern, Periodic, Sum
+from .stationary import RBF, Kernel, Matern, Periodic, Sum
 
-__all__ = ["register_kernel", "registered_kernel", "kernel_spec", "kernel_from_spec"]
+__all__ = ["KERNEL_NAMES", "make_kernel", "register_kernel", "registered_kernel", "kernel_spec", "kernel_from_spec"]
 
 _BUILT_IN: dict[str, type[Kernel]] = {cls.__name__: cls for cls in (RBF, Matern, Periodic, Sum, AdditiveMatern,
                                                                     ProductMatern)}
 _REGISTERED: dict[str, Callable[[int], Kernel]] = {}
+
+
+KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52", "additive_matern12", "additive_matern32",
+                "additive_matern52")
+
+
+def make_kernel(name: str, n_features: int, **kwargs) -> Kernel:
+    """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52`` (ARD or not: ``ard=``), or
+    ``additive_matern12`` / ``32`` / ``52`` (:class:`~gpscale.kernels.separable.AdditiveMatern`: a lengthscale and
+    a variance per input; ``outputscale`` is their initial total)."""
+    lowered = name.lower()
+    nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
+    if lowered == "rbf":
+        return RBF(n_features, **kwargs)
+    if lowered in nus:
+        return Matern(n_features, nu=nus[lowered], **kwargs)
+    if lowered.startswith("additive_") and lowered[len("additive_"):] in nus:
+        kwargs.pop("ard", None)
+        return AdditiveMatern(n_features, nu=nus[lowered[len("additive_"):]], **kwargs)
+    kernel = registered_kernel(name, n_features)
+    if kernel is not None:
+        return kernel
+    raise ValueError(f"Unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}, or register a constructor "
+                     "with gpscale.kernels.register_kernel (a model saved with a registered kernel needs the same "
+                     "registration, e.g. its module imported, before it is loaded).")
 
 
 def register_kernel(name: str) -> Callable[[Callable[[int], Kernel]], Callable[[int], Kernel]]:

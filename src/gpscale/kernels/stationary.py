@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
-__all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "inverse_softplus", "make_kernel",
-           "median_distance", "SOFTPLUS_ZERO"]
+__all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "inverse_softplus", "median_distance",
+           "SOFTPLUS_ZERO"]
 
 # The starting value of every positive hyperparameter (lengthscales, outputscale, noise): softplus(0) = ln 2, as
 # in GPyTorch. Measured on pol (SGPR, m=512, 50 Adam steps at lr 0.1): starting the noise at 0.1 instead ends in
@@ -214,32 +214,3 @@ def _values(t: Tensor) -> str:
     values = t.detach().double().cpu().reshape(-1).tolist()
     shown = [f"{v:.4g}" for v in values]
     return shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
-
-
-KERNEL_NAMES = ("rbf", "matern12", "matern32", "matern52", "additive_matern12", "additive_matern32",
-                "additive_matern52")
-
-
-def make_kernel(name: str, n_features: int, **kwargs) -> Kernel:
-    """Kernel by name: ``rbf``, ``matern12``, ``matern32``, ``matern52`` (ARD or not: ``ard=``), or
-    ``additive_matern12`` / ``32`` / ``52`` (:class:`~gpscale.kernels.separable.AdditiveMatern`: a lengthscale and
-    a variance per input; ``outputscale`` is their initial total)."""
-    lowered = name.lower()
-    nus = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}
-    if lowered == "rbf":
-        return RBF(n_features, **kwargs)
-    if lowered in nus:
-        return Matern(n_features, nu=nus[lowered], **kwargs)
-    if lowered.startswith("additive_") and lowered[len("additive_"):] in nus:
-        from .separable import AdditiveMatern  # separable builds on this module
-
-        kwargs.pop("ard", None)
-        return AdditiveMatern(n_features, nu=nus[lowered[len("additive_"):]], **kwargs)
-    from .specs import registered_kernel  # the registry builds on this module
-
-    kernel = registered_kernel(name, n_features)
-    if kernel is not None:
-        return kernel
-    raise ValueError(f"Unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)}, or register a constructor "
-                     "with gpscale.kernels.register_kernel (a model saved with a registered kernel needs the same "
-                     "registration, e.g. its module imported, before it is loaded).")

@@ -91,8 +91,7 @@ class GPModel(nn.Module):
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
     whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
-    skips the optimiser and needs no ``loss``; its ``warm_up_options`` make that work tiny (a short chain) for the
-    benchmark's untimed warm-up run, which otherwise shortens only the epochs.
+    skips the optimiser and needs no ``loss``.
     """
 
     key: str = ""
@@ -103,7 +102,6 @@ class GPModel(nn.Module):
     data_parallel: str | None = "rows"
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
-    warm_up_options: dict[str, object] = {}
 
     def __init__(
         self,

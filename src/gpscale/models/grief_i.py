@@ -207,7 +207,6 @@ class GRIEFI(GRIEF):
     trainable = False  # the chains run on the all-reduced statistics, identically seeded on every process
     posterior_options = ("solver", "n_iterations", "burn_in", "thin", "n_chains", "step_size", "tune", "jacobian",
                          "weight_prior_variance", "noise_prior_variance")
-    warm_up_options = {"n_iterations": 60, "burn_in": 20, "thin": 10}
 
     def __init__(self, n_features: int, n_eigen: int | None = 1000, *, solver: str = "auto",
                  n_iterations: int = 10_000, burn_in: int = 1_000, thin: int = 50, n_chains: int = 2,

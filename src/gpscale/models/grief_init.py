@@ -17,18 +17,14 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from .. import lbfgs
 from ..kernels import Kernel, inverse_softplus
 from ..linalg import CORE, NumericalWarning
+from ._linear import FeatureSpaceGP
 from .exact import ExactGP
-
-if TYPE_CHECKING:
-    from .grief import GRIEF
 
 __all__ = ["initialise_from_exact_gp", "stretched_starts", "fit_exact_gp", "max_evidence_noise", "noise_range",
            "INIT_NOISE", "INIT_STRETCH", "INIT_RANGE", "SPREAD_FACTORS"]
@@ -57,7 +53,7 @@ SPREAD_FACTORS = (1.0, 0.5)
 BLIND_MIN_ROWS = 100
 
 
-def initialise_from_exact_gp(model: GRIEF, X: Tensor, y: Tensor, seed: int = 0) -> None:
+def initialise_from_exact_gp(model: FeatureSpaceGP, X: Tensor, y: Tensor, seed: int = 0) -> None:
     """Fit an exact SE-ARD GP on ``min(n, model.init_exact_points)`` random rows of (X [n, d], y [n]) and copy its
     lengthscales and s_f^2 into ``model`` (the paper's initialisation); sigma^2 as ``model.init_noise`` says (a
     learned noise only).
@@ -100,7 +96,7 @@ def initialise_from_exact_gp(model: GRIEF, X: Tensor, y: Tensor, seed: int = 0) 
         model.likelihood.set_noise(max_evidence_noise(model, X, y) if model.init_noise == "grief" else noise)
 
 
-def stretched_starts(model: GRIEF, Xs: Tensor, ys: Tensor) -> list[tuple[float, float]]:
+def stretched_starts(model: FeatureSpaceGP, Xs: Tensor, ys: Tensor) -> list[tuple[float, float]]:
     """Multi-start type-II fit on (Xs, ys), the exact GP's rows: from the model's theta with every lengthscale
     multiplied by each factor of ``model.init_stretch`` (sigma^2 at the GRIEF evidence's maximiser there), L-BFGS-B
     on the GRIEF evidence for at most ``model.init_iterations`` iterations; the fit with the largest evidence is kept
@@ -137,7 +133,7 @@ def stretched_starts(model: GRIEF, Xs: Tensor, ys: Tensor) -> list[tuple[float, 
     return found
 
 
-def _warn_about_blind_inputs(model: GRIEF, Xs: Tensor) -> None:
+def _warn_about_blind_inputs(model: FeatureSpaceGP, Xs: Tensor) -> None:
     """Warn when some input with a grid of several points takes one value on all but at most one of the exact
     GP's rows Xs: the exact GP cannot fit its lengthscale, which keeps its start, and where that lies below the
     grid's spacing the input's mbar_i nearly equal eigenvalues crowd the top p of the product (keggundirected,
@@ -158,7 +154,7 @@ def _warn_about_blind_inputs(model: GRIEF, Xs: Tensor) -> None:
                       UserWarning, stacklevel=4)
 
 
-def fit_exact_gp(model: GRIEF, Xs: Tensor, ys: Tensor, kernel: Kernel) -> tuple[ExactGP, lbfgs.LbfgsResult]:
+def fit_exact_gp(model: FeatureSpaceGP, Xs: Tensor, ys: Tensor, kernel: Kernel) -> tuple[ExactGP, lbfgs.LbfgsResult]:
     """An exact GP with a copy of ``kernel`` and the model's noise settings, fitted on (Xs, ys) by L-BFGS-B in the
     box of :func:`_exact_gp_box` for at most ``model.init_iterations`` iterations."""
     lik = model.likelihood
@@ -171,7 +167,7 @@ def fit_exact_gp(model: GRIEF, Xs: Tensor, ys: Tensor, kernel: Kernel) -> tuple[
 
 
 @torch.no_grad()
-def max_evidence_noise(model: GRIEF, X: Tensor, y: Tensor) -> Tensor:
+def max_evidence_noise(model: FeatureSpaceGP, X: Tensor, y: Tensor) -> Tensor:
     """The sigma^2 that maximises the model's evidence on (X, y) at its current theta, within :func:`noise_range`
     (one statistics pass, O(n p^2), then a 1-D search)."""
     stats = model.statistics(X, y)

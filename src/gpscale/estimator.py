@@ -725,8 +725,9 @@ _SCALARS = (str, int, float, bool, type(None))
 
 
 def _jsonable(params: dict) -> dict:
-    """The options as JSON values: lists and tuples of scalars (e.g. ``image_shape``, ``devices``) become lists,
-    a kernel object its constructor spec (:func:`gpscale.kernels.kernel_spec`)."""
+    """The options as JSON values: lists of scalars stay lists, tuples of scalars (e.g. ``init_stretch``) become
+    ``{"tuple": [...]}`` so that they come back as tuples, a kernel object its constructor spec
+    (:func:`gpscale.kernels.kernel_spec`)."""
     def scalar_sequence(v):
         return isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) for x in v)
 
@@ -734,8 +735,10 @@ def _jsonable(params: dict) -> dict:
     for name, value in params.items():
         if isinstance(value, Kernel):
             out[name] = {"kernel_spec": kernel_spec(value)}
+        elif isinstance(value, tuple) and scalar_sequence(value):
+            out[name] = {"tuple": list(value)}
         elif isinstance(value, _SCALARS) or scalar_sequence(value):
-            out[name] = list(value) if isinstance(value, tuple) else value
+            out[name] = value
         else:
             raise ValueError(f"Cannot save option {name}={value!r}: a model file holds str/int/float/bool/None "
                              "options, lists of them and gpscale kernels, never pickled objects. Pass the option "
@@ -745,6 +748,12 @@ def _jsonable(params: dict) -> dict:
 
 
 def _unjsonable(params: dict) -> dict:
-    """:func:`_jsonable` undone: kernel specs become kernel objects again."""
-    return {name: kernel_from_spec(value["kernel_spec"]) if isinstance(value, dict) and "kernel_spec" in value
-            else value for name, value in params.items()}
+    """:func:`_jsonable` undone: kernel specs become kernel objects again, tuples tuples."""
+    def restore(value):
+        if isinstance(value, dict) and "kernel_spec" in value:
+            return kernel_from_spec(value["kernel_spec"])
+        if isinstance(value, dict) and set(value) == {"tuple"}:
+            return tuple(value["tuple"])
+        return value
+
+    return {name: restore(value) for name, value in params.items()}

@@ -1,0 +1,194 @@
+"""The contract every registered method keeps, checked over ``gpscale.available_methods()``: a method registered later
+joins every test here by being registered and given its small settings in ``TINY``.
+
+For each method: scikit-learn's ``check_estimator``; save and load give bit-identical predictions; variances are
+finite and non-negative, near the data and far from it; the posterior and the full-batch objective do not depend
+on the chunk size; every parameter the optimiser moves gets a finite gradient; float32 runs and agrees with float64;
+bad input is refused before any training; and, for the methods with a classification likelihood, the classifier's
+probabilities are probabilities. Engines are tested against dense formulas in their own files.
+"""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.utils.estimator_checks import check_estimator
+
+import gpscale
+from gpscale import GPClassifier, GPRegressor
+from gpscale.models import available_methods, get_model_class
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged"),  # short chains, on purpose
+              pytest.mark.filterwarnings("ignore:VFF. in dimension")]  # small boxes, on purpose
+
+# The smallest settings that still build a real model of each method, so that a fit takes a second or so.
+TINY = {
+    "exact": {},
+    "sgpr": {"n_inducing": 16},
+    "svgp": {"n_inducing": 16},
+    "softki": {"n_inducing": 16},
+    "grief": {"n_eigen": 20, "grid_size": 6, "init_exact_points": 40, "init_iterations": 10, "init_stretch": (1.0,)},
+    "grief-i": {"n_eigen": 20, "grid_size": 6, "init_exact_points": 40, "init_iterations": 10, "n_iterations": 60,
+                "burn_in": 20, "thin": 5},
+    "dbk": {"n_basis": 8, "width": 16, "lr": 0.01},
+    "svdbk": {"n_basis": 8, "width": 16, "lr": 0.01},
+    "hvgp": {"n_inducing": 5, "n_ways": 1},
+    "vff": {"n_frequencies": 6},
+    "vff-svgp": {"n_frequencies": 6},
+    "odvgp": {"n_inducing": 8, "n_mean_inducing": 16},
+    "odvff": {"n_frequencies": 4, "n_mean_inducing": 16},
+}
+METHODS = sorted(TINY)
+CLASSIFIERS = sorted(k for k in TINY if "bernoulli" in get_model_class(k).likelihoods)
+
+
+def regressor(method: str, **options) -> GPRegressor:
+    settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, **TINY[method], **options}
+    return GPRegressor(method=method, progress=False, **settings)
+
+
+def data(n=80, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, (n, d))
+    return X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.standard_normal(n) + 5.0
+
+
+_FITTED: dict[str, GPRegressor] = {}
+
+
+def fitted(method: str) -> GPRegressor:
+    """One fit per method, shared by the tests that only read it."""
+    if method not in _FITTED:
+        _FITTED[method] = regressor(method).fit(*data())
+    return _FITTED[method]
+
+
+def test_every_registered_method_is_under_contract():
+    assert METHODS == available_methods()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_check_estimator(method):
+    # method options are keyword arguments beyond the signature, which this one check cannot see
+    expected = {"check_no_attributes_set_in_init": "method options are **kwargs"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_estimator(regressor(method, epochs=30, batch_size=64, lr=TINY[method].get("lr", 0.1)),
+                        expected_failed_checks=expected)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_save_and_load_give_bit_identical_predictions(tmp_path, method):
+    reg = fitted(method)
+    reg.save(tmp_path / "model.gps")
+    loaded = gpscale.load(tmp_path / "model.gps")
+    Xs = data(20, seed=1)[0]
+    for a, b in zip(reg.predict(Xs, return_std=True), loaded.predict(Xs, return_std=True)):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.get_params() == reg.get_params() and loaded.method_ == method
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_variances_are_finite_and_non_negative_near_the_data_and_far_from_it(method):
+    reg = fitted(method)
+    Xs = np.vstack([data(20, seed=1)[0], np.full((3, 3), 50.0)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a deep basis kernel warns that it extrapolates, as it should
+        mean, std = reg.predict(Xs, return_std=True)
+        _, latent_std = reg.predict(Xs, return_std=True, latent=True)
+    assert np.isfinite(mean).all() and np.isfinite(std).all() and np.isfinite(latent_std).all()
+    assert (latent_std >= 0).all() and (std >= latent_std).all()  # the noise adds to the latent variance
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_posterior_and_the_objective_do_not_depend_on_the_chunk_size(method):
+    reg = fitted(method)
+    X, y = data()
+    Xt = torch.tensor((X - reg.x_mean_) / reg.x_std_)
+    yt = torch.tensor((y - reg.y_mean_) / reg.y_std_)
+    small = copy.deepcopy(reg.model_)
+    small.chunk_size = 7
+    small.fit_posterior(Xt, yt)
+    for a, b in zip(small.predict(Xt[:30]), reg.model_.predict(Xt[:30])):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    if reg.model_.full_batch and reg.model_.trainable:
+        with torch.no_grad():
+            torch.testing.assert_close(small.loss(Xt, yt, len(yt)), reg.model_.loss(Xt, yt, len(yt)),
+                                       rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_parameter_the_optimiser_moves_gets_a_finite_gradient(method):
+    reg = fitted(method)
+    model = copy.deepcopy(reg.model_).train()
+    if not model.trainable:
+        return  # its inference is all in the posterior fit
+    X, y = data()
+    Xt = torch.tensor((X - reg.x_mean_) / reg.x_std_)
+    yt = torch.tensor((y - reg.y_mean_) / reg.y_std_)
+    rows = slice(None) if model.full_batch else slice(0, 32)
+    model.loss(Xt[rows], yt[rows], len(yt)).backward()
+    moved = [p for group in model.parameter_groups() for p in group["params"]]
+    assert moved
+    for name, p in model.named_parameters():
+        if p.numel() and any(p is q for q in moved):  # an empty one (no mean basis) moves nothing
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_trains_and_its_posterior_agrees_with_float64_at_the_same_parameters(method):
+    X, y = data()
+    Xs = data(20, seed=1)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        single = regressor(method, dtype="float32").fit(X, y)
+    assert next(single.model_.parameters()).dtype == torch.float32
+    assert all(np.isfinite(a).all() for a in single.predict(Xs, return_std=True))
+    # training paths part within a few Adam steps (a step's size barely depends on its gradient's), so the
+    # precisions are compared on one set of parameters: the float64 fit's, its posterior refitted in float32
+    reg = fitted(method)
+    model = copy.deepcopy(reg.model_).float()
+    to32 = dict(dtype=torch.float32)
+    model.fit_posterior(torch.tensor((X - reg.x_mean_) / reg.x_std_, **to32),
+                        torch.tensor((y - reg.y_mean_) / reg.y_std_, **to32))
+    with torch.no_grad():
+        mean32, var32 = model.predict(torch.tensor((Xs - reg.x_mean_) / reg.x_std_, **to32))
+    mean64, std64 = reg.predict(Xs, return_std=True, latent=True)
+    np.testing.assert_allclose(mean32.double().numpy() * reg.y_std_ + reg.y_mean_, mean64, rtol=0, atol=1e-3)
+    np.testing.assert_allclose(np.sqrt(var32.double().numpy()) * reg.y_std_, std64, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_input_is_refused_before_any_training(method):
+    X, y = data(30)
+    holed = X.copy()
+    holed[4, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        regressor(method).fit(holed, y)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        regressor(method).fit(X[:-1], y)
+    reg = fitted(method)
+    with pytest.raises(ValueError, match="X has 2 features, but GPRegressor is expecting 3"):
+        reg.predict(X[:, :2])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_posterior_options_are_constructor_options(method):
+    cls = get_model_class(method)
+    for name in cls.posterior_options:
+        assert any(name in klass.__init__.__code__.co_varnames for klass in cls.__mro__ if "__init__" in vars(klass))
+
+
+@pytest.mark.parametrize("method", CLASSIFIERS)
+def test_a_classifier_gives_probabilities_and_saves(tmp_path, method):
+    X, _ = data(80)
+    labels = np.where(X[:, 0] + 0.3 * X[:, 1] > 0, "yes", "no")
+    settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, **TINY[method]}
+    clf = GPClassifier(method=method, progress=False, **settings).fit(X, labels)
+    p = clf.predict_proba(X)
+    assert p.shape == (80, 2) and np.all((p >= 0) & (p <= 1)) and np.allclose(p.sum(1), 1)
+    assert set(clf.predict(X)) <= {"no", "yes"} and list(clf.classes_) == ["no", "yes"]
+    clf.save(tmp_path / "clf.gps")
+    np.testing.assert_array_equal(gpscale.load(tmp_path / "clf.gps").predict_proba(X), p)

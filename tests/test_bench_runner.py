@@ -1,6 +1,7 @@
 import sqlite3
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from gpscale import estimator
@@ -266,3 +267,12 @@ def test_cli_lists_protocols(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
     assert "quick" in out and "baselines" in out
+
+
+def test_a_two_class_entry_runs_through_the_classifier_and_is_scored_on_its_labels():
+    ds = load_dataset("friedman1", n=300)
+    ds = replace(ds, y_train=np.where(ds.y_train > 0, 1.0, -1.0), y_test=np.where(ds.y_test > 0, 1.0, -1.0))
+    spec = MethodSpec("svgp", dict(n_inducing=8, epochs=5, batch_size=64, lr=0.05, likelihood="bernoulli"))
+    record = run_one(spec, ds, seed=0, dtype="float64")
+    assert record["status"] == "ok", record.get("error")
+    assert 0.6 < record["accuracy"] <= 1 and 0 < record["nlpd"] < 0.7  # better than a coin (NLPD ln 2 = 0.69)

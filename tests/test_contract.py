@@ -8,6 +8,7 @@ bad input is refused before any training; and, for the methods with a classifica
 probabilities are probabilities. Engines are tested against dense formulas in their own files.
 """
 import copy
+import inspect
 import warnings
 
 import numpy as np
@@ -178,7 +179,8 @@ def test_bad_input_is_refused_before_any_training(method):
 def test_posterior_options_are_constructor_options(method):
     cls = get_model_class(method)
     for name in cls.posterior_options:
-        assert any(name in klass.__init__.__code__.co_varnames for klass in cls.__mro__ if "__init__" in vars(klass))
+        assert any(name in inspect.signature(klass.__init__).parameters for klass in cls.__mro__
+                   if "__init__" in vars(klass))
 
 
 @pytest.mark.parametrize("method", CLASSIFIERS)

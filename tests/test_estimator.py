@@ -347,4 +347,17 @@ def test_refit_posterior_changes_posterior_options_without_training_again():
             torch.testing.assert_close(value, trained[name])
     with pytest.raises(ValueError, match="'n_inducing' cannot change without training again"):
         reg.refit_posterior(X, y, n_inducing=5)
+    with pytest.raises(ValueError, match="calibrate_noise must be one of"):
+        reg.refit_posterior(X, y, calibrate_noise=True)  # the spelling of an earlier version
     np.testing.assert_array_equal(reg.predict(X[:5], return_std=True), after)  # a refused refit changes nothing
+    assert reg.calibrate_noise == "variance"
+
+
+def test_a_method_accepts_only_the_engine_options_it_honours():
+    X, y = data(40)
+    with pytest.raises(ValueError, match="Method 'grief' has no option 'solver'"):
+        GPRegressor(method="grief", solver="qr", epochs=1, progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="Method 'sgpr' has no option 'calibrate_noise'"):
+        GPRegressor(method="sgpr", calibrate_noise="variance", epochs=1, progress=False).fit(X, y)
+    with pytest.raises(ValueError, match="calibrate_noise must be True or False for method 'dbk'"):
+        GPRegressor(method="dbk", calibrate_noise="variance", epochs=1, progress=False).fit(X, y)

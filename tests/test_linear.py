@@ -61,7 +61,8 @@ def data():
 @pytest.mark.parametrize("chunk_size", [8, 1000])
 def test_the_evidence_and_its_gradient_equal_the_dense_formula(data, solver, residual, chunk_size):
     X, y, _ = data
-    model = CosineFeatures(2, solver=solver, noise=0.07, chunk_size=chunk_size).double()
+    model = CosineFeatures(2, noise=0.07, chunk_size=chunk_size).double()
+    model.set_engine_options(solver=solver)
     model.residual_evidence = residual
     params = [model.log_amplitude, model.likelihood.raw_noise]
     ours = model.log_marginal_likelihood(X, y)
@@ -88,7 +89,8 @@ def test_the_posterior_is_the_same_by_either_solver_in_any_chunking(data):
     X, y, Xs = data
     predictions = []
     for solver, chunk in (("cholesky", 7), ("qr", 7), ("qr", 1000)):
-        model = CosineFeatures(2, solver=solver, noise=0.07, chunk_size=chunk).double()
+        model = CosineFeatures(2, noise=0.07, chunk_size=chunk).double()
+        model.set_engine_options(solver=solver)
         model.fit_posterior(X, y)
         predictions.append(model.predict(Xs))
     for mean, var in predictions[1:]:
@@ -119,9 +121,11 @@ def test_calibration_maximises_the_evidence_over_the_noise_and_variance_mode_kee
     X, y, Xs = data
     trained = CosineFeatures(2, noise=1e-3, learn_noise=False).double()
     trained.fit_posterior(X, y)
-    posterior = CosineFeatures(2, noise=1e-3, learn_noise=False, calibrate_noise="posterior").double()
+    posterior = CosineFeatures(2, noise=1e-3, learn_noise=False).double()
+    posterior.set_engine_options(calibrate_noise="posterior")
     posterior.fit_posterior(X, y)
-    variance = CosineFeatures(2, noise=1e-3, learn_noise=False, calibrate_noise="variance").double()
+    variance = CosineFeatures(2, noise=1e-3, learn_noise=False).double()
+    variance.set_engine_options(calibrate_noise="variance")
     variance.fit_posterior(X, y)
     # the calibrated noise is the dense evidence's maximiser: a fine grid around it finds nothing better
     found = posterior.noise.item()
@@ -154,11 +158,17 @@ def test_a_predictive_extra_variance_is_added_to_the_latent_variance(data):
     torch.testing.assert_close(extra.predict_cov(Xs)[1], plain.predict_cov(Xs)[1] + torch.diag(added))
 
 
-def test_options_are_checked():
+def test_engine_options_are_checked_when_set_and_before_a_posterior_fit(data):
+    X, y, _ = data
+    model = CosineFeatures(2).double()
     with pytest.raises(ValueError, match="solver must be one of 'auto', 'cholesky', 'qr', got 'lu'"):
-        CosineFeatures(2, solver="lu")
+        model.set_engine_options(solver="lu")
     with pytest.raises(ValueError, match="calibrate_noise must be one of"):
-        CosineFeatures(2, calibrate_noise=True)
+        model.set_engine_options(calibrate_noise=True)
+    model.set_engine_options()
+    model.calibrate_noise = "both"  # posterior options may be set as attributes after construction
+    with pytest.raises(ValueError, match="calibrate_noise must be one of"):
+        model.fit_posterior(X, y)
 
 
 # --- CollapsedGP: inducing features ----------------------------------------------------------------------------

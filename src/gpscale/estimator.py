@@ -194,6 +194,7 @@ class _GPEstimator(BaseEstimator):
         model = copy.deepcopy(self.model_)
         for name, value in posterior_options.items():
             setattr(model, name, value)
+        model.check_posterior_options()
         dtype, device = resolve_dtype(self.dtype), torch.device(self.device)
         with torch.no_grad():
             model.fit_posterior(torch.tensor((X - self.x_mean_) / self.x_std_, dtype=dtype, device=device),

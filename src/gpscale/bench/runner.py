@@ -150,7 +150,7 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             record["reused_training_of"] = reused["label"]
             train_seconds += reused["train_seconds"]
             peak_mb = max(peak_mb or 0.0, reused["peak_memory_mb"] or 0.0) or None
-        scores = _class_scores(ds, mean) if spec.options.get("likelihood") in MULTICLASS else _scores(ds, mean, var)
+        scores = _class_scores(ds, mean) if spec.options.get("likelihood") in CLASSIFICATION else _scores(ds, mean, var)
         record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
@@ -192,7 +192,8 @@ def _warm_up(specs, dtype, device) -> None:
 
     tiny = load("friedman1", n=200)
     for spec in specs:
-        options = {**spec.options, "epochs": 1, **WARM_UP_OPTIONS.get(spec.key, {})}
+        method = spec.options.get("method") if spec.key == ESTIMATOR else spec.key
+        options = {**spec.options, "epochs": 1, **WARM_UP_OPTIONS.get(method, {})}
         with warnings.catch_warnings():  # e.g. a short chain's R-hat: nothing about the timed runs
             warnings.simplefilter("ignore")
             run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)
@@ -287,9 +288,9 @@ def _scores(ds, mean: np.ndarray, var: np.ndarray) -> dict:
 
 
 def _class_scores(ds, probabilities: np.ndarray) -> dict:
-    """Accuracy and the NLPD of the test labels (integers 0..C-1 in ``ds.y_test``) under predictive class
-    probabilities [n*, C]."""
-    labels = ds.y_test.astype(int)
+    """Accuracy and the NLPD of the test labels under predictive class probabilities [n*, C], whose columns follow
+    the sorted training labels (0..C-1, or -1 / +1 for two classes)."""
+    labels = np.searchsorted(np.unique(ds.y_train), ds.y_test)
     p_true = np.clip(probabilities[np.arange(len(labels)), labels], np.finfo(float).tiny, None)
     return {"accuracy": float((probabilities.argmax(1) == labels).mean()), "nlpd": float(-np.log(p_true).mean())}
 

@@ -59,29 +59,32 @@ class FeatureSpaceGP(GPModel):
       take the evidence's data fit in its cancellation-free residual form (:func:`residual_quad`);
     - :meth:`predictive_extra`, an independent latent variance per test row (a variance correction).
 
-    Args:
-        solver: ``'cholesky'`` (the Gram matrix of the features, whitened on the r x r core: fast), ``'qr'`` (TSQR
-            of the features, row by row: stable for tiny noise and in float32) or ``'auto'``: ``'cholesky'`` for
-            the training objective on float64 data, ``'qr'`` for float32 data and for the posterior fit.
-        calibrate_noise: after training, set the noise of prediction to the maximiser of the evidence over
-            sigma^2 alone, features fixed: ``None`` (no calibration), ``'variance'`` (the posterior mean keeps the
-            training noise, the variance takes the calibrated one) or ``'posterior'`` (both take it).
-        **kwargs: kernel, likelihood and chunking options of :class:`~gpscale.models.base.GPModel`.
+    Two engine settings, which a method that offers them takes as constructor options and sets with
+    :meth:`set_engine_options` (the others keep the class defaults, so that no method accepts an option it ignores):
+
+    - ``solver``: ``'cholesky'`` (the Gram matrix of the features, whitened on the r x r core: fast), ``'qr'`` (TSQR
+      of the features, row by row: stable for tiny noise and in float32) or ``'auto'`` (the default): ``'cholesky'``
+      for the training objective on float64 data, ``'qr'`` for float32 data and for the posterior fit;
+    - ``calibrate_noise``: after training, set the noise of prediction to the maximiser of the evidence over sigma^2
+      alone, features fixed: ``None`` (the default: no calibration), ``'variance'`` (the posterior mean keeps the
+      training noise, the variance takes the calibrated one) or ``'posterior'`` (both take it).
     """
 
     full_batch = True
     data_parallel = "statistics"
     trace_term = False
     residual_evidence = False
+    solver: str = "auto"
+    calibrate_noise: str | None = None
 
-    def __init__(self, n_features: int, *, solver: str = "auto", calibrate_noise: str | None = None, **kwargs):
-        super().__init__(n_features, **kwargs)
-        if solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, got {solver!r}.")
-        if calibrate_noise not in CALIBRATION_MODES:
-            raise ValueError(f"calibrate_noise must be one of {CALIBRATION_MODES}, got {calibrate_noise!r}.")
-        self.solver = solver
-        self.calibrate_noise = calibrate_noise
+    def set_engine_options(self, solver: str | None = None, calibrate_noise: str | None = None) -> None:
+        """Check, then set, the engine settings a method offers (``solver=None`` keeps the current solver)."""
+        solver = self.solver if solver is None else solver
+        _check_engine_options(solver, calibrate_noise)
+        self.solver, self.calibrate_noise = solver, calibrate_noise
+
+    def check_posterior_options(self) -> None:
+        _check_engine_options(self.solver, self.calibrate_noise)
 
     # --- what a method supplies -----------------------------------------------------------------------------
     def feature_state(self) -> dict[str, Tensor]:
@@ -112,9 +115,10 @@ class FeatureSpaceGP(GPModel):
     def statistics(self, X: Tensor, y: Tensor, comm: Comm = LOCAL,
                    state: dict[str, Tensor] | None = None) -> Statistics:
         """``Phi^T Phi``, ``Phi^T y``, y^T y and n in one streamed pass over (X [n, d], y [n]) (memory
-        O(chunk x r)); with a whitened map the Gram matrix is whitened once, on the core."""
+        O(chunk x r)); with a whitened map the Gram matrix is whitened once, on the core. Differentiable (the
+        Cholesky solver's training objective goes through it): call it under ``torch.no_grad()`` for statistics
+        alone."""
         features = self.feature_map(self.feature_state() if state is None else state)
-        # y in float64 like the core, so that Phi^T y is accumulated at its precision
         return accumulate(features.raw, X, y.to(CORE), chunk_size=self.chunk_size, prior_diag=self._prior_diag(),
                           whiten=features.whiten, comm=comm)
 
@@ -166,6 +170,7 @@ class FeatureSpaceGP(GPModel):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         """The posterior of w from the final hyperparameters (not the last batch's) in one streamed pass, with the
         noise calibrated as ``calibrate_noise`` says; the cache keeps the feature state, ``L_B`` and E[w | y]."""
+        self.check_posterior_options()  # posterior options may have been set as attributes since construction
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         state = self.feature_state()
         if self.calibrate_noise is None:
@@ -196,6 +201,13 @@ class FeatureSpaceGP(GPModel):
         Phi = self.feature_map(self.cache)(X).to(CORE)  # [c, r]
         mean, _, U, _ = weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
         return PredictiveFactors(mean, Phi.T if self.trace_term else None, U, self.predictive_extra(Phi))
+
+
+def _check_engine_options(solver, calibrate_noise) -> None:
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, got {solver!r}.")
+    if calibrate_noise not in CALIBRATION_MODES:
+        raise ValueError(f"calibrate_noise must be one of {CALIBRATION_MODES}, got {calibrate_noise!r}.")
 
 
 class CollapsedGP(FeatureSpaceGP):

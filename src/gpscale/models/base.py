@@ -260,6 +260,10 @@ class GPModel(nn.Module):
         self.cache["training_raw_noise"] = self.likelihood.raw_noise.detach().clone()
         self.likelihood.set_noise(noise)
 
+    def check_posterior_options(self) -> None:
+        """Raise ValueError for a value of a ``posterior_options`` entry the model cannot use; called before every
+        posterior fit, since those options may be set as attributes after construction. Default: nothing."""
+
     def noise_search_bounds(self, mean_square: float) -> tuple[float, float]:
         """[noise floor + 1e-8, 10 E[y^2]]: where a post-training noise search looks, for targets of mean square
         ``mean_square``."""

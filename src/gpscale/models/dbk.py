@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -219,7 +220,8 @@ class DeepBasisModel(GPModel):
         self.builtin_network = builtin
         self.correction = bool(correction)
         self.weight_decay = float(weight_decay)
-        self.calibrate_noise = bool(calibrate_noise)
+        self.calibrate_noise = calibrate_noise
+        self.check_posterior_options()
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible
@@ -227,6 +229,11 @@ class DeepBasisModel(GPModel):
             for layer in self.kernel.network.modules():
                 if isinstance(layer, nn.Linear):
                     layer.reset_parameters()
+
+    def check_posterior_options(self) -> None:
+        if not isinstance(self.calibrate_noise, (bool, np.bool_)):
+            raise ValueError(f"calibrate_noise must be True or False for a deep basis kernel, got "
+                             f"{self.calibrate_noise!r}.")
 
     def parameter_groups(self) -> list[dict]:
         """Weight decay on the network's parameters only, none on sigma^2 or q(w): it regularises the network, while

@@ -232,6 +232,9 @@ class GRIEFI(GRIEF):
         self.solver_: str | None = None
         self.mcmc_summary_: dict[str, float] = {}
 
+    def check_posterior_options(self) -> None:
+        _check_mcmc_options(self)
+
     # --- initialisation and (no) training --------------------------------------------------------------------
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """GRIEF's grid and exact-GP initialisation, which fixes theta and sigma_0^2; ``seed`` also seeds the
@@ -274,7 +277,7 @@ class GRIEFI(GRIEF):
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         """One statistics pass over (X, y), MALA, then the mixture moments of the weights (module docstring)."""
-        _check_mcmc_options(self)  # posterior options may have been set as attributes since construction
+        self.check_posterior_options()  # posterior options may have been set as attributes since construction
         state = self.feature_state()  # kept: the cache must hold the eigenvectors (signs included) of Phi
         stats = self.statistics(X, y, comm, state)
         solver = self.make_solver(stats)

@@ -36,7 +36,8 @@ class SGPR(CollapsedGP):
 
     def __init__(self, n_features: int, n_inducing: int = 512, learn_inducing: bool = True,
                  jitter: float = 1e-6, *, solver: str = "auto", **kwargs):
-        super().__init__(n_features, solver=solver, **kwargs)
+        super().__init__(n_features, **kwargs)
+        self.set_engine_options(solver=solver)
         self.n_inducing = int(n_inducing)
         self.jitter = float(jitter)
         self.features = InducingPoints(self.kernel, self.n_inducing, self.n_features, learn=learn_inducing)

@@ -136,8 +136,8 @@ class SoftKI(FeatureSpaceGP):
     def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
                  solver: str = "qr", calibrate_noise: str | None = "variance", *, ard: bool = False,
                  noise: float = 1e-3, learn_noise: bool = False, **kwargs):
-        super().__init__(n_features, solver=solver, calibrate_noise=calibrate_noise, ard=ard, noise=noise,
-                         learn_noise=learn_noise, **kwargs)
+        super().__init__(n_features, ard=ard, noise=noise, learn_noise=learn_noise, **kwargs)
+        self.set_engine_options(solver=solver, calibrate_noise=calibrate_noise)
         if n_probes < 1:
             raise ValueError(f"n_probes must be at least 1, got {n_probes}.")
         self.n_inducing = int(n_inducing)

@@ -191,7 +191,8 @@ class VFF(CollapsedGP):
         base = separable_kernel(kernel, structure, n_features, kwargs.pop("lengthscale", SOFTPLUS_ZERO),
                                 kwargs.pop("outputscale", 1.0))
         kwargs.pop("ard", None)  # separable kernels have a lengthscale per dimension
-        super().__init__(n_features, kernel=base, solver=solver, **kwargs)
+        super().__init__(n_features, kernel=base, **kwargs)
+        self.set_engine_options(solver=solver)
         self.margin = float(margin)
         self.structure = structure
         self.fourier = FourierFeatures(self.kernel, int(n_frequencies))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .distributed import leave_job
+
 __all__ = ["main"]
 
 
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args) or 0
+        return leave_job(args.run(args) or 0)  # a data-parallel command's processes end together, at once
     except BrokenPipeError:  # output piped into e.g. `head`
         return 0
     except KeyboardInterrupt:

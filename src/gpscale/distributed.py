@@ -12,11 +12,14 @@ Under torchrun::
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "broadcast_state"]
+__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "broadcast_state", "leave_job"]
+
+_STARTED_HERE = False  # whether TorchComm.from_env created the process group, which leave_job then destroys
 
 
 class Comm:
@@ -108,11 +111,13 @@ class TorchComm(Comm):
         if missing:
             raise RuntimeError(f"The environment lacks {', '.join(missing)}: start the job with torchrun, e.g. "
                                "`torchrun --nproc-per-node 2 -m gpscale fit ... --distributed`.")
+        global _STARTED_HERE
         if not dist.is_initialized():
             cuda = torch.device(device).type == "cuda"
             if cuda:
                 torch.cuda.set_device(process_device(device))
             dist.init_process_group("nccl" if cuda else "gloo")
+            _STARTED_HERE = True
         return cls()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
@@ -207,3 +212,28 @@ def broadcast_state(module: nn.Module, comm: Comm, src: int = 0) -> None:
     state = {name: comm.broadcast(value.detach().clone(), src) if torch.is_tensor(value) else value
              for name, value in module.state_dict().items()}
     module.load_state_dict(state)
+
+
+def leave_job(code: int) -> int:
+    """End this process's part of the data-parallel job that :meth:`TorchComm.from_env` joined, if it did: wait
+    for every process, destroy the process group and exit with ``code`` at once, without the interpreter's
+    finalisation; otherwise return ``code``.
+
+    Why at once: a gloo worker thread releases each finished collective's tensors after the collective returns,
+    and releasing a tensor that Python created takes the interpreter's lock. If the interpreter is already shutting
+    down, that thread is cancelled inside a C++ destructor and the C++ runtime aborts the process ("terminate called
+    without an active exception", SIGABRT) after its work is done, which torchrun reports as a failed job: about
+    one two-process run of ``gpscale fit`` in 20-50 with torch 2.13, with or without the group destroyed first.
+    Standard output and error are flushed first; the command has closed every file it wrote."""
+    global _STARTED_HERE
+    import torch.distributed as dist
+
+    if not (_STARTED_HERE and dist.is_initialized()):
+        return code
+    dist.barrier()
+    dist.destroy_process_group()
+    _STARTED_HERE = False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+

@@ -5,6 +5,7 @@ full-batch models, L-BFGS to convergence.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import os
 import sys
@@ -301,6 +302,11 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
             result.stopped_early = True
             break
     bar.close()
+    if comm.world_size > 1:
+        # DDP sits in a reference cycle, and its reducer keeps hooks on the model's parameters and holds the
+        # process group: collect it now, so that the fitted model leaves training without them
+        del objective
+        gc.collect()
     if converging and not result.converged:
         result.converged = False
     model.eval()

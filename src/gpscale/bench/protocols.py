@@ -163,7 +163,7 @@ DEFAULTS_UCI = ("energy", "concrete", "airfoil", "skillcraft", "parkinsons", "po
 
 register_protocol(Protocol(
     name="defaults",
-    version=1,
+    version=2,  # v2: SGPR's work budget 1.1e12 multiply-adds (v1: 1.4e12)
     description="GPRegressor() with no arguments (method 'auto') against GPyTorch's SVGP-512 (50 epochs, batch "
                 "1,024, lr 0.01) and, where n <= 5,000, GPyTorch's exact GP (50 Adam steps at lr 0.1), on "
                 "generated Friedman #1 (20,000 training rows, d = 10) and eleven UCI sets of 768 to 48,827 rows and "
@@ -187,7 +187,7 @@ METHOD_DEFAULTS_SETS = ("concrete", "elevators", "keggdirected")
 
 register_protocol(Protocol(
     name="method-defaults",
-    version=1,
+    version=2,  # v2: SGPR's work budget 1.1e12 multiply-adds (v1: 1.4e12)
     description="Every method with its defaults (trained to convergence; the exact GP only up to 5,000 rows) on "
                 "concrete (927 training rows, d = 8), elevators (14,940, d = 18) and keggdirected (43,945, "
                 "d = 20), split 0.",

@@ -103,21 +103,23 @@ class TorchComm(Comm):
 
     @classmethod
     def from_env(cls, device: str = "cpu") -> TorchComm:
-        """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with
-        the backend that suits ``device``: nccl for CUDA, gloo for the CPU (also on a machine that has GPUs)."""
+        """Join the job: the process group this process already initialised, else the one torchrun describes in
+        the environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), started with the backend that suits
+        ``device``: nccl for CUDA, gloo for the CPU (also on a machine that has GPUs)."""
         import torch.distributed as dist
 
+        if dist.is_available() and dist.is_initialized():  # the caller already started the job: join it
+            return cls()
         missing = [name for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
         if missing:
             raise RuntimeError(f"The environment lacks {', '.join(missing)}: start the job with torchrun, e.g. "
                                "`torchrun --nproc-per-node 2 -m gpscale fit ... --distributed`.")
         global _STARTED_HERE
-        if not dist.is_initialized():
-            cuda = torch.device(device).type == "cuda"
-            if cuda:
-                torch.cuda.set_device(process_device(device))
-            dist.init_process_group("nccl" if cuda else "gloo")
-            _STARTED_HERE = True
+        cuda = torch.device(device).type == "cuda"
+        if cuda:
+            torch.cuda.set_device(process_device(device))
+        dist.init_process_group("nccl" if cuda else "gloo")
+        _STARTED_HERE = True
         return cls()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:

@@ -371,10 +371,9 @@ def test_grief_table1_smoke_run_on_challenger(tmp_path):
 
 
 def test_odvff_table5_layout():
-    from gpscale.bench.protocols import ODVFF_TABLE5_DATASETS
-
     protocol = get_protocol("odvff-table5")
-    assert protocol.splits == (0, 1, 2, 3, 4) and set(protocol.datasets) == set(ODVFF_TABLE5_DATASETS)
+    assert protocol.splits == (0, 1, 2, 3, 4) and len(protocol.datasets) == 12
+    assert {dataset for _, dataset in protocol.published} == set(protocol.datasets)
     assert all(options == dict(random_split=True, test_fraction=0.1, x_scaling="minmax")
                for options in protocol.dataset_options.values())
     specs = {spec.name: spec for spec in protocol.methods}
@@ -485,3 +484,54 @@ def test_the_paper_start_is_given_exactly_where_the_estimator_would_start_at_the
         return
     added = "lengthscale" in _with_paper_start(MethodSpec(key, options)).options
     assert added == model.start_lengthscale_at_median()
+
+
+def test_a_protocol_file_is_read_as_written(tmp_path):
+    from gpscale.bench.protocols import read_protocols
+
+    (tmp_path / "published").mkdir()
+    (tmp_path / "published" / "toy.csv").write_text("label,dataset,rmse,nlpd\nsgpr,pol,0.25,\nsvgp,pol,0.5,1.5\n")
+    (tmp_path / "toy.toml").write_text('''
+[[protocol]]
+name = "toy"
+version = 3
+description = "A toy."
+datasets = ["pol", "energy"]
+dataset_splits = { energy = [1, 2] }
+splits = [0, 4]
+requires_data = true
+published = "toy.csv"
+[protocol.dataset_options]
+pol = { max_train = 1_000 }
+[[protocol.method]]
+key = "softki"
+label = "softki-fixed"
+options = { n_inducing = 8, init_stretch = [1.0, 2.0], none = ["calibrate_noise"] }
+max_n = 500
+[protocol.method.dataset_overrides]
+energy = { epochs = 2 }
+''')
+    (protocol,) = read_protocols(tmp_path)
+    assert protocol.datasets == {"pol": None, "energy": (1, 2)} and protocol.splits == (0, 4)
+    assert protocol.requires_data == ("pol", "energy") and protocol.dataset_options == {"pol": {"max_train": 1000}}
+    (spec,) = protocol.methods
+    assert spec.name == "softki-fixed" and spec.max_n == 500 and spec.dataset_overrides == {"energy": {"epochs": 2}}
+    assert spec.options == {"n_inducing": 8, "init_stretch": (1.0, 2.0), "calibrate_noise": None}
+    assert protocol.published == {("sgpr", "pol"): {"rmse": 0.25}, ("svgp", "pol"): {"rmse": 0.5, "nlpd": 1.5}}
+
+
+def test_a_protocol_file_naming_splits_of_a_dataset_it_does_not_run_is_refused(tmp_path):
+    from gpscale.bench.protocols import read_protocols
+
+    (tmp_path / "bad.toml").write_text('[[protocol]]\nname = "bad"\nversion = 1\ndescription = ""\n'
+                                       'datasets = ["pol"]\ndataset_splits = { energy = [1] }\n'
+                                       '[[protocol.method]]\nkey = "sgpr"\n')
+    with pytest.raises(ValueError, match="'bad': dataset_splits names \\['energy'\\]"):
+        read_protocols(tmp_path)
+
+
+def test_every_published_number_belongs_to_a_run_of_its_protocol():
+    for protocol in PROTOCOLS.values():
+        labels = {spec.name for spec in protocol.methods}
+        for label, dataset in protocol.published:
+            assert label in labels and dataset in protocol.datasets, (protocol.name, label, dataset)

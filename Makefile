@@ -18,4 +18,4 @@ bench: install
 	$(PYTHON) -m gpscale.cli bench --protocol quick --out results/quick
 
 lint:
-	$(PYTHON) -m ruff check src tests
+	$(PYTHON) -m ruff check src tests experiments

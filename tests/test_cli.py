@@ -103,14 +103,6 @@ def test_data_list_runs_without_a_data_folder(monkeypatch, capsys):
     assert "friedman1" in out and "pol" in out
 
 
-def test_figures_needs_a_known_figure(capsys):
-    assert main(["figures"]) == 2  # no figure named: the help, as for a bare `gpscale`
-    assert "figures" in capsys.readouterr().out
-    with pytest.raises(SystemExit):  # argparse: invalid choice
-        main(["figures", "nope"])
-    assert "invalid choice: 'nope'" in capsys.readouterr().err
-
-
 def test_a_shard_parses_only_its_block_of_rows_and_locates_errors_by_file_line(tmp_path, train_csv):
     from gpscale.cli import _read_csv
 

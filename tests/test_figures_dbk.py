@@ -1,14 +1,15 @@
-"""The Deep Basis Kernel paper's 1-D synthetic figures (gpscale.bench.figures_dbk): the data are the paper's, the
-spectrum summary measures what it says, and ``gpscale figures dbk`` writes every file with tiny settings."""
+"""The Deep Basis Kernel paper's 1-D synthetic figures (experiments.dbk_figures): the data are the paper's, the
+spectrum summary measures what it says, and ``python -m experiments.figures dbk`` writes every file with tiny
+settings."""
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from gpscale.bench.figures_dbk import (MODELS, Training, build_model, make_step_data, spectrum_summary,
+from experiments.dbk_figures import (MODELS, Training, build_model, make_step_data, spectrum_summary,
                                        step_function)
-from gpscale.cli import main
+from experiments.figures import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -62,7 +63,7 @@ def test_models_have_the_papers_initialisation():
 
 def test_cli_writes_both_figures_with_tiny_settings(tmp_path, capsys):
     out = tmp_path / "figures"
-    argv = ["figures", "dbk", "--out", str(out), "--n", "40", "--sizes", "30,60", "--seeds", "2", "--n-test", "25",
+    argv = ["dbk", "--out", str(out), "--n", "40", "--sizes", "30,60", "--seeds", "2", "--n-test", "25",
             "--exact-max-n", "30", "--iterations", "3", "--n-basis", "4", "--width", "8"]
     assert main(argv) == 0
     files = {"dbk_fig1_posterior_kernel.png", "dbk_fig1_bases.png", "dbk_fig1_summary.json",
@@ -88,9 +89,9 @@ def test_cli_writes_both_figures_with_tiny_settings(tmp_path, capsys):
 
 def test_cli_draws_one_figure_on_request_and_rejects_bad_settings(tmp_path, capsys):
     out = tmp_path / "one"
-    assert main(["figures", "dbk", "--out", str(out), "--only", "fig1", "--n", "30", "--n-test", "10",
+    assert main(["dbk", "--out", str(out), "--only", "fig1", "--n", "30", "--n-test", "10",
                  "--iterations", "2", "--n-basis", "3", "--width", "4"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["dbk_fig1_bases.png", "dbk_fig1_posterior_kernel.png",
                                                      "dbk_fig1_summary.json"]
-    assert main(["figures", "dbk", "--out", str(out), "--only", "fig3", "--seeds", "0"]) == 1
+    assert main(["dbk", "--out", str(out), "--only", "fig3", "--seeds", "0"]) == 1
     assert "seeds >= 1" in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""The GP-GRIEF paper's Fig. 2 (gpscale.bench.figures_grief): the rank-p factors and the optimal error are what they
-claim, and ``gpscale figures grief`` at a tiny size writes a figure whose GRIEF curve falls with p, lies below random
-Fourier features and above the optimal rank-p curve."""
+"""The GP-GRIEF paper's Fig. 2 (experiments.grief_figures): the rank-p factors and the optimal error are what they
+claim, and ``python -m experiments.figures grief`` at a tiny size writes a figure whose GRIEF curve falls with p,
+lies below random Fourier features and above the optimal rank-p curve."""
 import json
 import math
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpscale.bench.figures_grief import (METHODS, figure2, grief_factor, nystrom_factor, optimal_errors, rff_factor,
+from experiments.grief_figures import (METHODS, figure2, grief_factor, nystrom_factor, optimal_errors, rff_factor,
                                          relative_errors, sample_inputs, se_kernel)
-from gpscale.cli import main
+from experiments.figures import main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -52,7 +52,7 @@ def test_grief_features_are_nested_in_p_and_dominated_by_the_kernel():
 
 def test_cli_writes_the_figure_and_its_numbers_at_a_tiny_size(tmp_path, capsys):
     ps = (2, 5, 10, 20, 40)
-    assert main(["figures", "grief", "--out", str(tmp_path), "--n", "120", "--d", "3", "--repeats", "2",
+    assert main(["grief", "--out", str(tmp_path), "--n", "120", "--d", "3", "--repeats", "2",
                  "--p", ",".join(map(str, ps)), "--grid-size", "6"]) == 0
     assert "grief_fig2_reconstruction.png" in capsys.readouterr().out
     assert (tmp_path / "grief_fig2_reconstruction.png").read_bytes().startswith(PNG)
@@ -77,3 +77,11 @@ def test_bad_settings_are_clear_errors(tmp_path):
         figure2(tmp_path, n=40, d=2, repeats=1, ps=(5, 30))
     with pytest.raises(ValueError, match="repeats >= 1"):
         figure2(tmp_path, n=40, d=2, repeats=0, ps=(5,))
+
+
+def test_the_figures_command_needs_a_known_figure(capsys):
+    assert main([]) == 2  # no figure named: the help
+    assert "figures" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main(["nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

@@ -1,13 +1,13 @@
-"""The HVGP paper's figures (gpscale.bench.figures_hvgp) at tiny sizes: the files are written and the numbers they
+"""The HVGP paper's figures (experiments.hvgp_figures) at tiny sizes: the files are written and the numbers they
 record obey the decomposition (spec hkd.md §2.4-2.5, checks 3, 4, 6 and 7) and its consequences."""
 import json
 
 import pytest
 import torch
 
-from gpscale.bench.figures_hvgp import (QUARTER_TURN, _projection_covariance_errors, orbit_indices, symmetric_grid,
+from experiments.hvgp_figures import (QUARTER_TURN, _projection_covariance_errors, orbit_indices, symmetric_grid,
                                         toy_parts, toy_function)
-from gpscale.cli import main
+from experiments.figures import main
 from gpscale.kernels import RBF
 from gpscale.kernels.harmonic import Negation, OrthogonalAction, harmonic_kernels
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_the_sub_process_figure_records_an_exact_decomposition(tmp_path):
-    main(["figures", "hvgp-samples", "--out", str(tmp_path), "--grid-size", "14"])
+    main(["hvgp-samples", "--out", str(tmp_path), "--grid-size", "14"])
     assert (tmp_path / "hvgp_samples.png").read_bytes()[:8] == PNG
     record = json.loads((tmp_path / "hvgp_samples.json").read_text())
     assert record["settings"]["grid_size"] == 14 and record["n_points"] == 196
@@ -63,7 +63,7 @@ def test_the_toy_parts_are_the_even_and_odd_parts():
 
 
 def test_the_toy_figure_splits_hvgp_into_an_even_and_an_odd_sub_gp(tmp_path):
-    main(["figures", "hvgp-toy", "--out", str(tmp_path), "--n-train", "120", "--epochs", "400"])
+    main(["hvgp-toy", "--out", str(tmp_path), "--n-train", "120", "--epochs", "400"])
     assert (tmp_path / "hvgp_toy.png").read_bytes()[:8] == PNG
     record = json.loads((tmp_path / "hvgp_toy.json").read_text())
     assert set(record["results"]) == {"hvgp 2x5", "svgp 5", "svgp 10"}
@@ -77,7 +77,7 @@ def test_the_toy_figure_splits_hvgp_into_an_even_and_an_odd_sub_gp(tmp_path):
 
 def test_the_nystrom_figure_orders_the_methods_and_skips_missing_data(tmp_path, monkeypatch):
     monkeypatch.delenv("GPSCALE_DATA", raising=False)
-    main(["figures", "hvgp-nystrom", "--out", str(tmp_path), "--n", "400", "--inducing", "4,8,16",
+    main(["hvgp-nystrom", "--out", str(tmp_path), "--n", "400", "--inducing", "4,8,16",
           "--datasets", "synthetic,kin40k"])
     assert (tmp_path / "hvgp_nystrom.png").read_bytes()[:8] == PNG
     record = json.loads((tmp_path / "hvgp_nystrom.json").read_text())

@@ -1,6 +1,6 @@
-"""The package's docstrings and comments must stand on their own: they may cite the papers (equations, sections,
-algorithms, tables), but not the design notes and per-paper specifications that live outside the package, which a
-user of gpscale does not have.
+"""The package's docstrings, comments and data files, and the experiment scripts beside it, must stand alone: they may
+cite the papers (equations, sections, algorithms, tables), but not the design notes and per-paper specifications
+that live outside the package, which a user of gpscale does not have.
 
 A pure text scan of comments and string literals (no imports), so it runs in well under a second.
 """
@@ -9,10 +9,8 @@ import re
 import tokenize
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
-
-# bench/ is being reorganised separately; it joins this scan once that is done.
-EXCLUDED = [PACKAGE / "bench"]
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "gpscale"
 
 # A section sign, a path into the unshipped notes, a "spec: <file>" citation, or a numbered pitfall from a spec.
 FORBIDDEN = re.compile(r"§|shared/specs|\.\./shared|spec:|pitfall \d", re.IGNORECASE)
@@ -22,8 +20,12 @@ TEXT_TOKENS = {tokenize.COMMENT, tokenize.STRING}
 
 
 def package_files():
-    return sorted(path for path in PACKAGE.rglob("*.py")
-                  if not any(path.is_relative_to(excluded) for excluded in EXCLUDED))
+    return sorted([*PACKAGE.rglob("*.py"), *(ROOT / "experiments").glob("*.py")])
+
+
+def data_files():
+    """The protocols and the papers' tables the benchmark reads (TOML and CSV: every line is text)."""
+    return sorted(path for path in PACKAGE.rglob("*") if path.suffix in (".toml", ".csv"))
 
 
 def references(path: Path) -> list[str]:
@@ -35,13 +37,20 @@ def references(path: Path) -> list[str]:
             continue
         for offset, line in enumerate(token.string.splitlines()):
             if FORBIDDEN.search(line):
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{token.start[0] + offset}: {line.strip()}")
+                found.append(f"{path.relative_to(ROOT)}:{token.start[0] + offset}: {line.strip()}")
     return found
 
 
+def data_references(path: Path) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+            if FORBIDDEN.search(line)]
+
+
 def test_docstrings_and_comments_do_not_cite_the_unshipped_specs():
-    files = package_files()
-    assert len(files) > 10  # the scan found the package
+    files, data = package_files(), data_files()
+    assert len(files) > 10 and len(data) > 5  # the scan found the package and its data
     found = [reference for path in files for reference in references(path)]
+    found += [reference for path in data for reference in data_references(path)]
     assert not found, ("State the fact instead of pointing at a spec section or pitfall that users cannot read:\n"
                        + "\n".join(found))

@@ -1,5 +1,4 @@
-"""The ``gpscale`` command: fit and predict from CSV files, run benchmarks, draw figures, list and download
-datasets.
+"""The ``gpscale`` command: fit and predict from CSV files, run benchmarks, list and download datasets.
 
 Errors are reported as one line on stderr with a non-zero exit status (1: bad input or data, 2: bad usage).
 """
@@ -7,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
-import importlib
 import sys
 from pathlib import Path
 
@@ -117,97 +114,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     p.add_argument("--protocol", default=None, help="only this protocol's runs")
     p.set_defaults(run=_report)
-
-    p = sub.add_parser("figures", help="redraw a paper's figures from synthetic experiments")
-    fig_sub = p.add_subparsers(title="figures")
-    q = fig_sub.add_parser("dbk", help="Deep Basis Kernel paper, Figs. 1 and 3 (1-D synthetic data)",
-                           description="Defaults are the paper's settings (hours on a CPU for Fig. 3); see "
-                                       "docs/dbk.md for smaller ones.")
-    _out_option(q)
-    q.add_argument("--only", choices=["fig1", "fig3"], default=None, help="draw one figure (default: both)")
-    q.add_argument("--n", type=int, default=None, help="Fig. 1 training points (default 1000)")
-    q.add_argument("--sizes", type=_ints, default=None, help="Fig. 3 training sizes (default 100,1000,10000,100000)")
-    q.add_argument("--seeds", type=int, default=None, help="Fig. 3 seeds per size (default 10)")
-    q.add_argument("--n-test", type=int, default=None, help="test points (default 1000)")
-    q.add_argument("--exact-max-n", type=int, default=None, help="largest n for the exact GP in Fig. 3 (default 10000)")
-    q.add_argument("--iterations", type=int, default=None, help="full-batch Adam steps (default 10000)")
-    q.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
-    q.add_argument("--n-basis", type=int, default=None, help="DBK's r (default 128)")
-    q.add_argument("--width", type=int, default=None, help="hidden units of DBK's MLP (default 128)")
-    q.add_argument("--scale-basis", action="store_true", default=None,
-                   help="divide DBK's network output by sqrt(r) (not the paper's; see docs/dbk.md)")
-    q.add_argument("--dtype", choices=["float64", "float32"], default=None, help="default float64")
-    q.add_argument("--device", default=None, help="default cpu")
-    q.set_defaults(run=_figures_dbk)
-    q = fig_sub.add_parser("grief", help="GP-GRIEF paper, Fig. 2 (kernel reconstruction, d = 100)",
-                           description="Defaults are the paper's settings (about 6 minutes on a CPU); the SE "
-                                       "lengthscale sqrt(d) is an assumption. See docs/grief.md.")
-    _out_option(q)
-    q.add_argument("--n", type=int, default=None, help="points in all, half of them training points (default 5000)")
-    q.add_argument("--d", type=int, default=None, help="input dimension (default 100)")
-    q.add_argument("--repeats", type=int, default=None, help="independent draws averaged (default 10)")
-    q.add_argument("--p", type=_ints, default=None,
-                   help="numbers of basis functions (default 10,20,50,100,200,500,1000)")
-    q.add_argument("--grid-size", type=int, default=None, help="GRIEF's grid points per dimension (default 100)")
-    q.add_argument("--lengthscale", type=float, default=None, help="SE lengthscale (default sqrt(d))")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_grief)
-    q = fig_sub.add_parser("odvff-banana", help="ODVFF paper, Fig. 4 (probit classification, ODVFF vs SVGP)",
-                           description="Two moons stand in for the paper's banana set (about a minute on a CPU); "
-                                       "see docs/odvff.md.")
-    _out_option(q)
-    q.add_argument("--n-train", type=int, default=None, help="training points (default 400)")
-    q.add_argument("--epochs", type=int, default=None, help="epochs of batch 100 (default 300)")
-    q.add_argument("--n-frequencies", type=int, default=None, help="ODVFF's F per dimension (default 6)")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_odvff", "banana_figure", "BananaSettings"))
-    q = fig_sub.add_parser("odvff-1d", help="ODVFF paper, Figs. 1 and 2 (1-D GP draw with a gap; |beta| sweep)",
-                           description="Defaults: 2000 points, 3 draws, 2000 minibatch iterations per model (tens "
-                                       "of minutes on a CPU); see docs/odvff.md.")
-    _out_option(q)
-    q.add_argument("--n-train", type=int, default=None, help="training points (default 2000)")
-    q.add_argument("--repeats", type=int, default=None, help="GP draws (default 3)")
-    q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 500 (default 500)")
-    q.add_argument("--betas", type=_ints, default=None, help="|beta| values (default 21,61,101,141,181)")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_odvff", "figures_1d", "OneDSettings"))
-    q = fig_sub.add_parser("odvff-nonstationary", help="ODVFF paper, Fig. 3 (Matérn + periodic, App. C)",
-                           description="1000 training and 3000 test points; ODVFF with an extra periodic component "
-                                       "against the exact GP (minutes on a CPU); see docs/odvff.md.")
-    _out_option(q)
-    q.add_argument("--n-train", type=int, default=None, help="training points (default 1000)")
-    q.add_argument("--n-test", type=int, default=None, help="test points (default 3000)")
-    q.add_argument("--epochs", type=int, default=None, help="ODVFF epochs of batch 250 (default 500)")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_odvff", "nonstationary_figure", "NonstationarySettings"))
-    q = fig_sub.add_parser("hvgp-samples", help="HVGP paper, Fig. 1 (sub-process samples of a 2-D RBF, 90° turns)",
-                           description="One draw split into its sub-processes, direct draws of each sub-kernel, and "
-                                       "the checks of the decomposition (seconds on a CPU); see docs/hvgp.md.")
-    _out_option(q)
-    q.add_argument("--grid-size", type=int, default=None, help="grid points per side (default 40)")
-    q.add_argument("--lengthscale", type=float, default=None, help="RBF lengthscale (default 0.5)")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_hvgp", "samples_figure", "SamplesSettings"))
-    q = fig_sub.add_parser("hvgp-toy", help="HVGP paper, Fig. 9 (1-D toy, x -> -x: even and odd sub-GPs)",
-                           description="HVGP 2 x 5 against SVGP 5 and 10 on a generated Snelson-like set (under a "
-                                       "minute on a CPU); see docs/hvgp.md.")
-    _out_option(q)
-    q.add_argument("--n-train", type=int, default=None, help="training points (default 200)")
-    q.add_argument("--epochs", type=int, default=None, help="full-batch Adam steps (default 1000)")
-    q.add_argument("--n-inducing", type=int, default=None, help="inducing points per sub-GP (default 5)")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_hvgp", "toy_figure", "ToySettings"))
-    q = fig_sub.add_parser("hvgp-nystrom", help="HVGP paper, Fig. 6 (Nyström trace error: SVGP vs HVGP 8 x M)",
-                           description="Relative trace error on 3000 points against M, PCA against axis negation "
-                                       "(under a minute on a CPU); kin40k is added where $GPSCALE_DATA holds it. "
-                                       "See docs/hvgp.md.")
-    _out_option(q)
-    q.add_argument("--n", type=int, default=None, help="points (default 3000)")
-    q.add_argument("--inducing", type=_ints, default=None, help="values of M (default 8,16,32,64,128)")
-    q.add_argument("--n-ways", type=int, default=None, help="negation ways J, 2^J blocks (default 3)")
-    q.add_argument("--datasets", type=_names, default=None, help="default synthetic,kin40k")
-    q.add_argument("--seed", type=int, default=None, help="default 0")
-    q.set_defaults(run=_figures_from("figures_hvgp", "nystrom_figure", "NystromSettings"))
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
     data_sub = p.add_subparsers(title="data commands")
@@ -326,53 +232,6 @@ def _report(args) -> None:
         if not path.exists():
             raise ValueError(f"{path}: no such results file.")
     print(f"report: {write_report(args.results, args.output, protocol=args.protocol)}")
-
-
-def _figures_dbk(args) -> None:
-    from .bench.figures_dbk import Training, make_figures
-
-    def given(*names):  # only what was given, so that the defaults live in one place: figures_dbk
-        return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-
-    training = Training(**given("iterations", "lr", "n_basis", "width", "scale_basis", "dtype", "device"))
-    settings = given("n", "seeds", "n_test", "exact_max_n")
-    if args.sizes is not None:
-        settings["sizes"] = tuple(args.sizes)
-    for path in make_figures(args.out, only=args.only, training=training, **settings):
-        print(f"wrote {path}")
-
-
-def _figures_grief(args) -> None:
-    from .bench.figures_grief import FILE_STEM, figure2
-
-    settings = {name: getattr(args, name) for name in ("n", "d", "repeats", "grid_size", "lengthscale", "seed")
-                if getattr(args, name) is not None}  # only what was given: the defaults live in figures_grief
-    if args.p is not None:
-        settings["ps"] = tuple(args.p)
-    figure2(args.out, **settings)
-    for suffix in (".png", ".json"):
-        print(f"wrote {args.out / (FILE_STEM + suffix)}")
-
-
-def _figures_from(module: str, draw: str, settings: str):
-    """The run function of a figure drawn by ``gpscale.bench.<module>``: the options given on the command line
-    (lists as tuples) become fields of ``<module>.<settings>``, whose defaults stand for the others, and
-    ``<module>.<draw>`` writes the files."""
-
-    def run(args) -> None:
-        figures = importlib.import_module(f".bench.{module}", __package__)
-        cls = getattr(figures, settings)
-        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                 if getattr(args, f.name, None) is not None}
-        given = {name: tuple(v) if isinstance(v, list) else v for name, v in given.items()}
-        for path in getattr(figures, draw)(args.out, cls(**given)):
-            print(f"wrote {path}")
-
-    return run
-
-
-def _out_option(parser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("docs/figures"), help="output folder (default: docs/figures)")
 
 
 def _names(text: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The ODVFF paper's figures (Azzimonti et al.; spec shared/specs/odvff.md §7.1, §7.6), redrawn with gpscale.
+"""The ODVFF paper's figures (Azzimonti et al.), redrawn with gpscale.
 
 **Figs. 1 and 2** (:func:`figures_1d`): a 1-D GP draw (Matérn-3/2, l = 0.1, unit variance) on [0, 1] with noise
 variance 0.15 and no training points in [0.45, 0.55]; N is not given by the paper (here 2000 training and 500 test
@@ -32,7 +32,7 @@ Both train on minibatches of 100 with Adam (lr 0.05); ODVFF's q(beta) takes natu
 
 Files written: ``odvff_banana.png`` (each model's p(y = +1 | x) with its 0.5 contour and the training points) and
 ``odvff_banana.json`` (settings, test accuracy and mean test log predictive density per model, seconds).
-``gpscale figures odvff-banana --out docs/figures`` draws it.
+``python -m experiments.figures odvff-banana --out docs/figures`` draws it.
 """
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..kernels import Matern, Periodic, ProductMatern, Sum
-from ..models.exact import ExactGP
-from ..models.sgpr import SGPR
-from ..models.svgp import SVGP
-from ..models.vff import ODVFF, VFF
-from ..train import fit
+from gpscale.kernels import Matern, Periodic, ProductMatern, Sum
+from gpscale.models.exact import ExactGP
+from gpscale.models.sgpr import SGPR
+from gpscale.models.svgp import SVGP
+from gpscale.models.vff import ODVFF, VFF
+from gpscale.train import fit
 from .plotting import out_dir, pyplot
 
 __all__ = ["BananaSettings", "banana", "banana_figure", "FILE_STEM", "OneDSettings", "gp_draw_1d", "figures_1d",

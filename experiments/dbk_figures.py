@@ -1,5 +1,5 @@
-"""The Deep Basis Kernel paper's 1-D synthetic figures (Zhu, Yuchi & Xie 2025, v1, Figs. 1 and 3; spec
-shared/specs/lrdkd.md §10.2), redrawn with gpscale's models.
+"""The Deep Basis Kernel paper's 1-D synthetic figures (Zhu, Yuchi & Xie 2025, v1, Figs. 1 and 3), redrawn with
+gpscale's models.
 
 Data: x ~ U[-1, 1], y = f_gt(x) + N(0, 0.01), with the paper's smoothed step function f_gt (:func:`step_function`);
 targets are z-scored with training statistics, so the models' zero prior mean fits, and metrics are on that scale
@@ -23,7 +23,7 @@ Files written (names say which figure of the paper they redraw):
 - ``dbk_fig3_scaling.png``: Fig. 3, test MAE, RMSE, NLPD and training time against n, mean +- std over seeds;
 - ``dbk_fig3_scaling.json``: every run behind it.
 
-``gpscale figures dbk --out docs/figures`` draws both with the paper's settings; smaller ones are options
+``python -m experiments.figures dbk --out docs/figures`` draws both with the paper's settings; smaller ones are options
 (:func:`figure1`, :func:`figure3`).
 """
 from __future__ import annotations
@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import metrics
-from ..models import get_model_class
-from ..models.base import GPModel
-from ..train import fit
+from gpscale import metrics
+from gpscale.models import get_model_class
+from gpscale.models.base import GPModel
+from gpscale.train import fit
 from . import plotting
 
 __all__ = ["MODELS", "Training", "build_model", "figure1", "figure3", "held_out_scores", "make_figures",

@@ -1,5 +1,5 @@
-"""The GP-GRIEF paper's kernel-reconstruction figure (Evans & Nair 2018, Fig. 2; spec shared/specs/grief.md §6.2),
-redrawn with gpscale's grid eigenfunctions.
+"""The GP-GRIEF paper's kernel-reconstruction figure (Evans & Nair 2018, Fig. 2), redrawn with gpscale's grid
+eigenfunctions.
 
 Data: 5000 points x ~ U(-sqrt 3, sqrt 3)^100 (unit variance per dimension), split at random into 2500 training and
 2500 test points. Kernel: the unit-variance SE kernel ``k(x, z) = exp(-|x - z|^2 / (2 l^2))``. The paper does not
@@ -25,7 +25,7 @@ against p, averaged over repeats (fresh points, features and samples each time).
 
 Files written: ``grief_fig2_reconstruction.png`` (panels (a) and (b), mean +- std over repeats) and
 ``grief_fig2_reconstruction.json`` (settings, every error of every repeat, means, stds and seconds).
-``gpscale figures grief --out docs/figures`` draws it with the paper's settings; smaller ones are options.
+``python -m experiments.figures grief --out docs/figures`` draws it with the paper's settings; smaller ones are options.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..kernels.grid import (
+from gpscale.kernels.grid import (
     cross_factors,
     factor_eigh,
     grid_factors,

@@ -1,5 +1,4 @@
-"""The HVGP paper's figures (Sun, Shi, Wilson & Grosse 2021; spec shared/specs/hkd.md §2.4-2.5, §6.3, §6.5),
-redrawn with gpscale.
+"""The HVGP paper's figures (Sun, Shi, Wilson & Grosse 2021), redrawn with gpscale.
 
 **Fig. 1, samples of the sub-processes** (:func:`samples_figure`): a 2-D RBF (one shared lengthscale, unit
 variance) under the quarter turn ``G x = R x``, R = [[0, -1], [1, 0]] (P = 4, T = 3 real sub-kernels). On a
@@ -27,7 +26,7 @@ orthogonal basis, z-scored per column (so the principal axes are not the coordin
 ``$GPSCALE_DATA`` holds it, 3000 training inputs of kin40k. Unlike the paper, Z is not optimised for the trace
 (the official code does not either). Files: ``hvgp_nystrom.png``, ``hvgp_nystrom.json``.
 
-``gpscale figures hvgp-samples|hvgp-toy|hvgp-nystrom --out docs/figures`` draws them (see docs/hvgp.md).
+``python -m experiments.figures hvgp-samples|hvgp-toy|hvgp-nystrom --out docs/figures`` draws them (see docs/hvgp.md).
 """
 from __future__ import annotations
 
@@ -40,12 +39,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..kernels import RBF, Matern, median_distance
-from ..kernels.harmonic import GroupAction, OrthogonalAction, harmonic_kernels, pca_directions, subspace_negations
-from ..linalg import cholesky, solve_lower
-from ..models.hvgp import HVGP
-from ..models.svgp import SVGP
-from ..train import fit
+from gpscale.kernels import RBF, Matern, median_distance
+from gpscale.kernels.harmonic import GroupAction, OrthogonalAction, harmonic_kernels, pca_directions, subspace_negations
+from gpscale.linalg import cholesky, solve_lower
+from gpscale.models.hvgp import HVGP
+from gpscale.models.svgp import SVGP
+from gpscale.train import fit
 from .plotting import out_dir, pyplot
 
 __all__ = ["SamplesSettings", "QUARTER_TURN", "symmetric_grid", "orbit_indices", "sub_processes", "samples_figure",
@@ -356,7 +355,7 @@ def _inputs(name: str, s: NystromSettings, generator: torch.Generator) -> Tensor
     """n inputs [n, d] of the set ``name``, or None where its file is not available."""
     if name == "synthetic":
         return rotated_gaussian(s.n, s.d, generator)
-    from ..data import load_dataset
+    from gpscale.data import load_dataset
 
     try:
         X = torch.as_tensor(load_dataset(name, seed=s.seed).X_train, dtype=F64)  # z-scored columns

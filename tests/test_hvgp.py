@@ -9,7 +9,7 @@ from gpscale import GPRegressor
 from gpscale.kernels import RBF, inverse_softplus
 from gpscale.kernels.harmonic import Negation, harmonic_kernel, harmonic_kernels
 from gpscale.models import get_model_class
-from gpscale.models._variational import gauss_kl_whitened
+from gpscale.models._gaussian_q import gauss_kl_whitened
 from gpscale.models.hvgp import HVGP
 from gpscale.models.svgp import SVGP
 from gpscale.train import fit

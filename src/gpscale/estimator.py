@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import math
 import os
 import sys
@@ -22,7 +21,7 @@ from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import cholesky
 from .models import available_methods, get_model_class
-from .models.base import GPModel
+from .models.base import GPModel, option_default, option_names
 from .scaling import SCALINGS, fit_scaling
 from .train import fit
 
@@ -160,7 +159,7 @@ class _GPEstimator(BaseEstimator):
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
         capped at the number of rows. Objects (a kernel) are copied, so that fit never changes what it was given."""
-        accepted = _option_names(cls)
+        accepted = option_names(cls)
         options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}
         for name in self._method_options:
@@ -169,13 +168,13 @@ class _GPEstimator(BaseEstimator):
                           else f"Method {choice.method!r}")
                 raise ValueError(f"{chosen} has no option {name!r}. Its options: {', '.join(sorted(accepted))}.")
             value = getattr(self, name)
-            boolean = isinstance(_option_default(cls, name), bool)
+            boolean = isinstance(option_default(cls, name), bool)
             if boolean and not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
             options[name] = bool(value) if boolean else value
         for name in ("n_inducing", *cls.sizes_capped_by_rows):  # at most one inducing point per row
             if name in accepted:
-                options[name] = min(int(options.get(name, _option_default(cls, name))), n)
+                options[name] = min(int(options.get(name, option_default(cls, name))), n)
         return {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v for k, v in options.items()}
 
     def refit_posterior(self, X, y, **posterior_options):
@@ -686,21 +685,9 @@ def _as_numpy(a):
     return a
 
 
-def _option_names(cls: type[GPModel]) -> set[str]:
-    """Keyword options of a model class and of its bases up to GPModel."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass is torch.nn.Module or not issubclass(klass, GPModel):
-            break
-        params = inspect.signature(klass.__init__).parameters.values()
-        names |= {p.name for p in params if p.kind == p.KEYWORD_ONLY or
-                  (p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "n_features"))}
-    return names
-
-
 def _all_method_options() -> set[str]:
     """Every option of every registered method."""
-    return set().union(*(_option_names(get_model_class(key)) for key in available_methods()))
+    return set().union(*(option_names(get_model_class(key)) for key in available_methods()))
 
 
 def boolean_options() -> set[str]:
@@ -708,18 +695,9 @@ def boolean_options() -> set[str]:
     kinds: dict[str, set[bool]] = {}
     for key in available_methods():
         cls = get_model_class(key)
-        for name in _option_names(cls):
-            kinds.setdefault(name, set()).add(isinstance(_option_default(cls, name), bool))
+        for name in option_names(cls):
+            kinds.setdefault(name, set()).add(isinstance(option_default(cls, name), bool))
     return {name for name, boolean in kinds.items() if boolean == {True}}
-
-
-def _option_default(cls: type[GPModel], name: str):
-    """The default of keyword option ``name`` in the first class of ``cls``'s MRO that declares it."""
-    for klass in cls.__mro__:
-        params = inspect.signature(klass.__init__).parameters
-        if name in params:
-            return params[name].default
-    raise KeyError(name)
 
 
 _SCALARS = (str, int, float, bool, type(None))

@@ -35,6 +35,7 @@ from ..data import load_dataset
 from ..distributed import LOCAL, Comm
 from ..likelihoods import MULTICLASS
 from ..models import get_model_class
+from ..models.base import option_default
 from ..models.inducing import kmeans_centers
 from ..shards import row_blocks
 from .memory import PeakMemory
@@ -209,7 +210,7 @@ def _run_ours(spec, ds, rows, seed, dtype, device, progress, trained, comm=LOCAL
     if earlier is not None and "run" in earlier:
         est = copy.deepcopy(earlier["estimator"])
         posterior = get_model_class(est.method_).posterior_options
-        est.refit_posterior(X, y, **{name: spec.options.get(name, _default(get_model_class(est.method_), name))
+        est.refit_posterior(X, y, **{name: spec.options.get(name, option_default(get_model_class(est.method_), name))
                                      for name in posterior})
         reused = earlier["run"]
     else:
@@ -253,16 +254,6 @@ def _training_identity(spec: MethodSpec) -> str:
     posterior = () if key == "auto" else get_model_class(key).posterior_options
     return json.dumps([spec.key, {k: v for k, v in spec.options.items() if k not in posterior}],
                       sort_keys=True, default=str)
-
-
-def _default(cls, name: str):
-    """The constructor default of option ``name``, from the first class in the MRO that names it (a subclass
-    may pass it on through ``**kwargs``)."""
-    for klass in cls.__mro__:
-        parameter = inspect.signature(klass.__init__).parameters.get(name)
-        if parameter is not None:
-            return parameter.default
-    raise TypeError(f"{cls.__name__} has no constructor option {name!r}.")
 
 
 def _run_peer(key, options, train, X, y, seed, progress):

@@ -6,6 +6,7 @@ chunks, and ``likelihood.predictive`` turns it into the predictive of y.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, NamedTuple
 
 import torch
@@ -15,8 +16,8 @@ from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
 
-__all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods",
-           "NotFittedPosteriorError"]
+__all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods", "option_names",
+           "option_default", "NotFittedPosteriorError"]
 
 _REGISTRY: dict[str, type["GPModel"]] = {}
 
@@ -40,6 +41,29 @@ def get_model_class(key: str) -> type["GPModel"]:
 
 def available_methods() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def _constructors(cls: type["GPModel"]):
+    """The ``__init__`` parameters of ``cls`` and of its bases down to GPModel, subclass first (a mixin without a
+    constructor of its own, such as an engine's algebra, is skipped)."""
+    for klass in cls.__mro__:
+        if issubclass(klass, GPModel):
+            yield inspect.signature(klass.__init__).parameters
+
+
+def option_names(cls: type["GPModel"]) -> set[str]:
+    """The keyword options of a model class: those its constructor and its bases' constructors declare."""
+    return {p.name for parameters in _constructors(cls) for p in parameters.values()
+            if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "n_features"))}
+
+
+def option_default(cls: type["GPModel"], name: str):
+    """The default of keyword option ``name``: the first class that declares it decides (a subclass may pass it on
+    through ``**kwargs``)."""
+    for parameters in _constructors(cls):
+        if name in parameters:
+            return parameters[name].default
+    raise KeyError(f"{cls.__name__} has no constructor option {name!r}.")
 
 
 class NotFittedPosteriorError(RuntimeError):

@@ -1,14 +1,14 @@
 """ODVGP: the orthogonally decoupled variational GP with inducing points in both bases (Salimbeni, Cheng, Boots &
 Deisenroth 2018a, "Orthogonally decoupled variational Gaussian processes", NeurIPS): beta = f(Z) [M_b, d] carries
 the covariance and part of the mean, gamma [M_g, d] the rest of the mean, on the engine's
-:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`.
+:class:`~gpscale.models.decoupled.OrthogonallyDecoupledGP`.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ._variational import OrthogonallyDecoupledGP
+from .decoupled import OrthogonallyDecoupledGP
 from .base import register
 from .inducing import InducingPoints, kmeans_centers
 
@@ -38,4 +38,4 @@ class ODVGP(OrthogonallyDecoupledGP):
         with torch.no_grad():
             self.features.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
         self.init_mean_basis(X, seed + 1)
-        self.init_prior_covariance()
+        self.start_at_prior()

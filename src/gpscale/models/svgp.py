@@ -13,14 +13,17 @@ __all__ = ["SVGP"]
 
 @register("svgp")
 class SVGP(VariationalGP):
-    """SVGP on minibatches with whitened inducing points.
+    """SVGP on minibatches with inducing points.
 
     Args:
         n_inducing: number of inducing points m (k-means initialised). Default 512: each step costs O(m^3) for
             K_uu's factor, and 512 points converge in a few minutes on a CPU (the papers' baselines use 1024,
             which the benchmark protocols pin).
         learn_inducing: optimise Z.
-        **kwargs: ``jitter`` and the kernel, likelihood and chunking options of :class:`GPModel`.
+        whiten: q over the whitened u (default; natural-gradient and Adam steps both behave better, since the
+            prior is N(0, I) whatever Z) or over u itself (q(u) = N(m, S), prior N(0, Kuu), one latent function).
+        **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` and the kernel, likelihood and chunking
+            options of :class:`GPModel`.
     """
 
     def __init__(self, n_features: int, n_inducing: int = 512, learn_inducing: bool = True, **kwargs):
@@ -32,3 +35,4 @@ class SVGP(VariationalGP):
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         with torch.no_grad():
             self.features.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
+        self.start_at_prior()

@@ -8,7 +8,7 @@ product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperpa
 
 ``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models._linear.CollapsedGP`), trained
 full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
-covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models._variational.OrthogonallyDecoupledGP`)
+covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models.decoupled.OrthogonallyDecoupledGP`)
 with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
 form.
 
@@ -31,7 +31,7 @@ from ..kernels.separable import AdditiveMatern, ProductMatern
 from ..operators import DiagPlusLowRank, Kronecker
 from ..linalg import CORE
 from ._linear import CollapsedGP
-from ._variational import OrthogonallyDecoupledGP
+from .decoupled import OrthogonallyDecoupledGP
 from .base import register
 from .inducing import InducingFeatures, InducingPoints, StackedFeatures, kmeans_centers
 
@@ -253,7 +253,7 @@ class ODVFF(OrthogonallyDecoupledGP):
             with torch.no_grad():
                 self.extra.Z.copy_(kmeans_centers(X, self.extra.num_inducing, seed + 2))
         self.init_mean_basis(X, seed)
-        self.init_prior_covariance()
+        self.start_at_prior()
 
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         self.fourier.check_margin(X)

@@ -1,0 +1,137 @@
+"""The variational engine's two parametrisations of q: whitened, q(v) with u = L v, and unwhitened, q(u) against
+N(0, Kuu), are one model. At corresponding q (m_u = L m_v, S_u = L S_v S_v^T L^T) they have the same ELBO, KL and
+predictive; a natural-gradient step of size one on the full batch reaches the same optimum from either; and a model
+file of the decoupled engine's earlier layout loads."""
+import numpy as np
+import pytest
+import torch
+
+from gpscale import GPRegressor
+from gpscale.models.odvgp import ODVGP
+from gpscale.models.sgpr import SGPR
+from gpscale.models.svgp import SVGP
+
+F64 = torch.float64
+
+
+@pytest.fixture
+def data():
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(60, 2, generator=g, dtype=F64)
+    y = torch.sin(5 * X[:, 0]) * X[:, 1] + 0.1 * torch.randn(60, generator=g, dtype=F64)
+    return X, y
+
+
+def pair(X, y, m=9, **options):
+    """A whitened and an unwhitened SVGP on the same inducing points, the unwhitened q corresponding to a random
+    whitened one."""
+    whitened = SVGP(2, n_inducing=m, lengthscale=0.4, noise=0.05, **options).double()
+    unwhitened = SVGP(2, n_inducing=m, lengthscale=0.4, noise=0.05, whiten=False, **options).double()
+    whitened.init(X, y)
+    unwhitened.init(X, y)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        unwhitened.features.Z.copy_(whitened.features.Z)
+        whitened.q_mu.copy_(torch.randn(m, generator=g, dtype=F64))
+        whitened.q_sqrt_raw.copy_(torch.tril(0.3 * torch.randn(m, m, generator=g, dtype=F64)) + torch.eye(m))
+        Lu = whitened.Lu()
+        unwhitened.q_mu.copy_(Lu @ whitened.q_mu)
+        unwhitened.q_sqrt_raw.copy_(Lu @ whitened.q_sqrt)
+    return whitened, unwhitened
+
+
+def test_at_corresponding_q_the_elbo_kl_and_predictive_agree(data):
+    X, y = data
+    whitened, unwhitened = pair(X, y)
+    with torch.no_grad():
+        torch.testing.assert_close(unwhitened.prior_kl(), whitened.prior_kl(), rtol=1e-9, atol=1e-10)
+        for batch in (X[:10], X):  # the whitened ELBO projects on the full batch (m <= b / 2), not on ten rows
+            rows = batch.shape[0]
+            torch.testing.assert_close(unwhitened.elbo(batch, y[:rows], 60), whitened.elbo(batch, y[:rows], 60),
+                                       rtol=1e-9, atol=1e-9)
+        whitened.fit_posterior(X, y)
+        unwhitened.fit_posterior(X, y)
+        Xs = torch.rand(7, 2, dtype=F64) * 1.4 - 0.2
+        for ours, reference in zip(unwhitened.predict(Xs), whitened.predict(Xs)):
+            torch.testing.assert_close(ours, reference, rtol=1e-8, atol=1e-10)
+        mean, cov = unwhitened.predict_cov(Xs)
+        torch.testing.assert_close(torch.diagonal(cov), unwhitened.predict(Xs)[1], rtol=1e-9, atol=1e-12)
+
+
+def test_the_unwhitened_elbo_has_gradients_for_q_and_the_inducing_points(data):
+    X, y = data
+    _, unwhitened = pair(X, y, natural_gradients=False)
+    unwhitened.loss(X, y, 60).backward()
+    for name in ("q_mu", "q_sqrt_raw", "features.Z"):
+        grad = dict(unwhitened.named_parameters())[name].grad
+        assert grad is not None and torch.isfinite(grad).all() and grad.abs().max() > 0, name
+
+
+def test_one_natural_gradient_step_of_one_reaches_the_optimal_q_unwhitened_too(data):
+    X, y = data
+    _, unwhitened = pair(X, y, natgrad_step=1.0)
+    sgpr = SGPR(2, n_inducing=9, lengthscale=0.4, noise=0.05).double()
+    with torch.no_grad():
+        sgpr.features.Z.copy_(unwhitened.features.Z)
+    unwhitened.natural_gradient_step(X, y, 60)
+    q_mu, q_sqrt = sgpr.optimal_q(X, y)  # whitened: u = Lu v
+    Lu = unwhitened.Lu()
+    S = unwhitened.q_sqrt @ unwhitened.q_sqrt.T
+    torch.testing.assert_close(unwhitened.q_mu.detach(), Lu @ q_mu, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(S, Lu @ q_sqrt @ q_sqrt.T @ Lu.T, rtol=1e-7, atol=1e-9)
+    with torch.no_grad():
+        torch.testing.assert_close(unwhitened.elbo(X, y, 60), sgpr.elbo(X, y), rtol=1e-9, atol=1e-8)
+
+
+def test_an_unwhitened_q_starts_at_the_prior(data):
+    X, y = data
+    model = SVGP(2, n_inducing=6, whiten=False).double()
+    model.init(X, y)
+    with torch.no_grad():
+        torch.testing.assert_close(model.q_sqrt @ model.q_sqrt.T, model.Kuu_operator().to_dense())
+        assert model.q_mu.abs().max() == 0 and abs(model.prior_kl().item()) < 1e-9
+
+
+def test_what_an_unwhitened_q_does_not_take_is_refused():
+    with pytest.raises(ValueError, match="whiten=False takes one block of features and one latent function"):
+        SVGP(2, n_inducing=4, whiten=False, likelihood="softmax", n_classes=3)
+    with pytest.raises(ValueError, match="decoupled mean basis needs an unwhitened q"):
+        ODVGP(2, whiten=True)
+    with pytest.raises(ValueError, match="whiten must be True or False"):
+        SVGP(2, n_inducing=4, whiten="no")
+
+
+def test_the_estimator_trains_saves_and_loads_an_unwhitened_svgp(data, tmp_path):
+    X, y = (t.numpy() for t in data)
+    reg = GPRegressor(method="svgp", whiten=False, n_inducing=8, epochs=3, batch_size=20, progress=False).fit(X, y)
+    assert reg.get_params()["whiten"] is False and reg.model_.whiten is False
+    reg.save(tmp_path / "svgp.model")
+    loaded = GPRegressor.load(tmp_path / "svgp.model")
+    for ours, saved in zip(loaded.predict(X[:5], return_std=True), reg.predict(X[:5], return_std=True)):
+        np.testing.assert_array_equal(ours, saved)
+
+
+def test_a_decoupled_model_file_of_the_earlier_layout_loads(data):
+    X, y = data
+    model = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()
+    model.init(X, y)
+    model.fit_posterior(X, y)
+    state = model.state_dict()
+    cache = state["_extra_state"]
+    # the earlier layout: the factors named after beta, and a copy of gamma in the cache
+    state["_extra_state"] = {"L_bb": cache["Lu"], "L_S": cache["q_sqrt"], "w": cache["w"], "a": cache["a"],
+                             "gamma": model.gamma.detach().clone()}
+    fresh = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()
+    fresh.load_state_dict(state)
+    Xs = torch.rand(5, 2, dtype=F64)
+    for ours, reference in zip(fresh.predict(Xs), model.predict(Xs)):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=0)
+
+
+def test_a_method_on_the_engine_takes_the_engines_options_and_the_models():
+    from gpscale.models.base import option_default, option_names
+
+    assert {"whiten", "natural_gradients", "natgrad_step", "jitter", "likelihood", "kernel", "n_inducing"} <= \
+        option_names(SVGP)
+    assert option_default(SVGP, "whiten") is True and option_default(ODVGP, "n_mean_inducing") == 300
+    assert "whiten" not in option_names(ODVGP) or option_default(ODVGP, "whiten") is True

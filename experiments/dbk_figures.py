@@ -43,6 +43,7 @@ from gpscale import metrics
 from gpscale.models import get_model_class
 from gpscale.models.base import GPModel
 from gpscale.train import fit
+
 from . import plotting
 
 __all__ = ["MODELS", "Training", "build_model", "figure1", "figure3", "held_out_scores", "make_figures",

@@ -47,6 +47,7 @@ from gpscale.kernels.grid import (
     grief_features,
     top_eigenvalues,
 )
+
 from . import plotting
 
 __all__ = ["METHODS", "P_LIST", "figure2", "grief_factor", "nystrom_factor", "optimal_errors", "rff_factor",

@@ -40,11 +40,18 @@ import torch
 from torch import Tensor
 
 from gpscale.kernels import RBF, Matern, median_distance
-from gpscale.kernels.harmonic import GroupAction, OrthogonalAction, harmonic_kernels, pca_directions, subspace_negations
+from gpscale.kernels.harmonic import (
+    GroupAction,
+    OrthogonalAction,
+    harmonic_kernels,
+    pca_directions,
+    subspace_negations,
+)
 from gpscale.linalg import cholesky, solve_lower
 from gpscale.models.hvgp import HVGP
 from gpscale.models.svgp import SVGP
 from gpscale.train import fit
+
 from .plotting import out_dir, pyplot
 
 __all__ = ["SamplesSettings", "QUARTER_TURN", "symmetric_grid", "orbit_indices", "sub_processes", "samples_figure",

@@ -50,6 +50,7 @@ from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
 from gpscale.models.vff import ODVFF, VFF
 from gpscale.train import fit
+
 from .plotting import out_dir, pyplot
 
 __all__ = ["BananaSettings", "banana", "banana_figure", "FILE_STEM", "OneDSettings", "gp_draw_1d", "figures_1d",

@@ -338,7 +338,7 @@ def test_grief_table1_files_have_the_papers_n_and_d(dataset):
 
 
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
-@pytest.mark.filterwarnings("ignore::gpscale.models.grief_i.ConvergenceWarning")  # 60 iterations cannot converge
+@pytest.mark.filterwarnings("ignore::gpscale.models.grief_i_chains.ConvergenceWarning")  # 60 iterations cannot converge
 def test_grief_table1_smoke_run_on_challenger(tmp_path):
     """Every method of the protocol through the runner and the report on challenger fold 0, with iteration counts cut
     down through the options."""

@@ -17,8 +17,8 @@ from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _weight_space, get_model_class
 from gpscale.models.svdbk import SVDBK
-from gpscale.models.dbk import (DBK, DeepBasisKernel, ResidualLayer, mlp, prior_variance, residual_mlp,
-                                trace_penalty, variance_correction)
+from gpscale.kernels.deep_basis import DeepBasisKernel, ResidualLayer, mlp, prior_variance, residual_mlp
+from gpscale.models.dbk import DBK, trace_penalty, variance_correction
 from gpscale.train import fit
 
 F64 = torch.float64

@@ -14,17 +14,18 @@ from gpscale import GPRegressor
 from gpscale.kernels import inverse_softplus
 from gpscale.linalg import NotPSDError
 from gpscale.mcmc import mala
-from gpscale.models import get_model_class, grief_i
+from gpscale.models import get_model_class, grief_i, grief_i_chains
 from gpscale.models.grief import GRIEF
 from gpscale.models.grief_i_evidence import orthogonal_predict, orthogonalise, reweighted_predict
-from gpscale.models.grief_i import GRIEFI, ConvergenceWarning
+from gpscale.models.grief_i import GRIEFI
+from gpscale.models.grief_i_chains import ConvergenceWarning
 from gpscale.train import fit
 
 F64 = torch.float64
 
 # the short chains here have not converged, and say so; test_unconverged_chains_warn checks the warning
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.filterwarnings("ignore::gpscale.models.grief_i.ConvergenceWarning")]
+              pytest.mark.filterwarnings("ignore::gpscale.models.grief_i_chains.ConvergenceWarning")]
 
 SHORT = dict(n_iterations=240, burn_in=40, thin=10)  # 19 kept samples per chain
 
@@ -311,7 +312,7 @@ def test_regression_matches_type2_with_diagnostics_and_round_trips():
 def test_unconverged_chains_warn(monkeypatch):
     X, y = toy()
     model = make(GRIEFI, X, y, **SHORT)
-    monkeypatch.setattr(grief_i, "split_rhat", lambda x: np.full(x.shape[-1], 1.5))
+    monkeypatch.setattr(grief_i_chains, "split_rhat", lambda x: np.full(x.shape[-1], 1.5))
     with pytest.warns(ConvergenceWarning, match="more iterations"):
         model.fit_posterior(X, y)
     assert model.mcmc_summary_["rhat_max"] == 1.5

@@ -35,30 +35,18 @@ mixture's variance of y* too; sigma_0^2 stays in the buffer ``noise0_``.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..distributed import LOCAL, Comm
-from ..linalg import NotPSDError, solve_lower
-from ..mcmc import (
-    TUNE_MODES,
-    ExpTransform,
-    LogNormal,
-    MCMCResult,
-    effective_sample_size,
-    kept_iterations,
-    mala,
-    split_rhat,
-    transformed_log_target,
-)
-from ..linalg import CORE
+from ..linalg import CORE, NotPSDError, solve_lower
+from ..mcmc import ExpTransform, LogNormal, mala, transformed_log_target
 from ._weight_space import Statistics, collapse_cholesky
 from .base import PredictiveFactors, register
 from .grief import GRIEF
+from .grief_i_chains import check_mcmc_options, summarise, warn_if_unconverged
 from .grief_i_evidence import (
     orthogonal_log_likelihood,
     orthogonalise,
@@ -68,21 +56,13 @@ from .grief_i_evidence import (
     weighted,
 )
 
-__all__ = ["GRIEFI", "ConvergenceWarning", "SOLVERS", "ORTHOGONAL_ABOVE"]
+__all__ = ["GRIEFI", "ORTHOGONAL_ABOVE"]
 
-SOLVERS = ("auto", "reweighted", "orthogonal")
 ORTHOGONAL_ABOVE = 10**6  # "auto" uses the O(p) solver above this n, as the paper did (only electric, n = 2M)
-RHAT_LIMIT = 1.1  # the classic split R-hat cut (Gelman et al., BDA3)
-MIN_ACCEPTANCE = 0.05  # below this after burn-in a chain has hardly moved (MALA's target is about 0.57)
 # The reweighted solver evaluates eq. 18 in the row space of Phi when rank(Phi) = q < ROW_SPACE_BELOW p. Measured at
 # p = 1000 (evidence and closed-form gradient, two chains at once, one thread): the row space took 2 / 14 / 74 / 139 ms
 # per chain at q = 100 / 300 / 700 / 1000, the features' form 55-68 ms throughout, so they cross near q = 0.68 p.
 ROW_SPACE_BELOW = 0.65
-
-
-class ConvergenceWarning(RuntimeWarning):
-    """GP-GRIEF-I's chains have not converged: split R-hat above 1.1 or not finite (chains that never moved), or an
-    acceptance rate after burn-in below 0.05."""
 
 
 # --- the two evidence solvers ------------------------------------------------------------------------------------
@@ -200,8 +180,8 @@ class GRIEFI(GRIEF):
     After :meth:`fit_posterior`: ``mcmc_summary_`` (a dict of floats: acceptance rates, step sizes, split R-hat and
     ESS, their worst values over (log u, log sigma^2) and sigma^2's own, the posterior mean of sigma^2), ``solver_``
     (the solver used) and ``cache["samples"]`` [C, S, q + 1] (the kept x = (log u, log sigma^2), saved with the
-    model). A :class:`ConvergenceWarning` says when a chain accepted fewer than 5% of its proposals after burn-in, or
-    the largest split R-hat exceeds 1.1 or is not finite.
+    model). A :class:`~gpscale.models.grief_i_chains.ConvergenceWarning` says when a chain accepted fewer than 5% of
+    its proposals after burn-in, or the largest split R-hat exceeds 1.1 or is not finite.
     """
 
     trainable = False  # the chains run on the all-reduced statistics, identically seeded on every process
@@ -224,7 +204,7 @@ class GRIEFI(GRIEF):
         self.jacobian = jacobian
         self.weight_prior_variance = weight_prior_variance
         self.noise_prior_variance = noise_prior_variance
-        _check_mcmc_options(self)
+        check_mcmc_options(self)
         # sigma_0^2 (the noise prior's mode and the chain's start) and fit's seed travel with the model, so a loaded
         # model refits the same posterior; the likelihood's noise becomes E[sigma^2] after fit_posterior
         self.register_buffer("noise0_", self.noise.detach().clone())
@@ -233,7 +213,7 @@ class GRIEFI(GRIEF):
         self.mcmc_summary_: dict[str, float] = {}
 
     def check_posterior_options(self) -> None:
-        _check_mcmc_options(self)
+        check_mcmc_options(self)
 
     # --- initialisation and (no) training --------------------------------------------------------------------
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
@@ -293,8 +273,8 @@ class GRIEFI(GRIEF):
         # E[sigma^2]
         self.likelihood.set_noise(noise.mean())
         self.solver_ = solver.name
-        self.mcmc_summary_ = _summarise(result)
-        _warn_if_unconverged(self.mcmc_summary_, self)
+        self.mcmc_summary_ = summarise(result)
+        warn_if_unconverged(self.mcmc_summary_, self)
 
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:
         """The mixture's mean ``phi*^T m`` and covariance ``phi*^T C phi*'`` as ``U^T U``, ``U = C^{1/2} Phi^T``;
@@ -309,78 +289,3 @@ class GRIEFI(GRIEF):
             eigenvalues, Q = torch.linalg.eigh(self.cache["weight_cov"].to(CORE))
             self.cache["weight_cov_sqrt"] = (Q * eigenvalues.clamp_min(0.0).sqrt()) @ Q.T
         return self.cache["weight_cov_sqrt"]
-
-
-# --- helpers ------------------------------------------------------------------------------------------------------
-def _summarise(result: MCMCResult) -> dict[str, float]:
-    """Acceptance rates, step sizes, split R-hat and ESS of the kept x [C, S, q + 1] (NaN with < 4 draws per
-    chain, or for parameters that never moved)."""
-    x = result.samples
-    if x.shape[1] >= 4:
-        rhat, ess = split_rhat(x), effective_sample_size(x)
-    else:
-        rhat = ess = np.full(x.shape[-1], np.nan)
-    return {
-        "acceptance_rate_min": result.acceptance_rate.min().item(),
-        "acceptance_rate_max": result.acceptance_rate.max().item(),
-        "step_size_min": result.step_size.min().item(),
-        "step_size_max": result.step_size.max().item(),
-        "rhat_max": _finite_or_nan(np.max, rhat),
-        "rhat_noise": float(rhat[-1]),
-        "ess_min": _finite_or_nan(np.min, ess),
-        "ess_noise": float(ess[-1]),
-        "n_samples": float(x.shape[0] * x.shape[1]),
-        "noise_mean": x[..., -1].exp().mean().item(),
-    }
-
-
-def _finite_or_nan(reduce, values: np.ndarray) -> float:
-    # NaN marks a parameter without a verdict (constant draws): leave it out unless every parameter is NaN
-    kept = values[~np.isnan(values)]
-    return float(reduce(kept)) if kept.size else math.nan
-
-
-def _warn_if_unconverged(summary: dict[str, float], model: GRIEFI) -> None:
-    """One :class:`ConvergenceWarning` listing what is wrong with the chains and what to change."""
-    problems = []
-    if summary["acceptance_rate_min"] < MIN_ACCEPTANCE:
-        problems.append(
-            f"a chain accepted {summary['acceptance_rate_min']:.3f} of its proposals after burn-in (want about "
-            f"0.57), with step size {summary['step_size_min']:.3g} (initially step_size={model.step_size}): lengthen "
-            f"burn_in (now {model.burn_in}) so that tune='burn_in' can adapt it (now tune={model.tune!r}), or "
-            f"lower step_size")
-    if not math.isfinite(summary["rhat_max"]):
-        problems.append(f"split R-hat is {summary['rhat_max']} (chains that never moved, or fewer than 4 kept "
-                        f"samples per chain): check the acceptance rates and keep more samples")
-    elif summary["rhat_max"] > RHAT_LIMIT:
-        problems.append(
-            f"the largest split R-hat is {summary['rhat_max']:.3g} (sigma^2: {summary['rhat_noise']:.3g}; want <= "
-            f"{RHAT_LIMIT}): run more iterations (n_iterations, now {model.n_iterations}) or more chains "
-            f"(n_chains, now {model.n_chains}); acceptance rates were {summary['acceptance_rate_min']:.2f}-"
-            f"{summary['acceptance_rate_max']:.2f}")
-    if problems:
-        warnings.warn("GP-GRIEF-I's MCMC has not converged: " + "; ".join(problems) + ".", ConvergenceWarning,
-                      stacklevel=4)  # past fit_posterior's no_grad wrapper, to its caller
-
-
-def _check_mcmc_options(model: GRIEFI) -> None:
-    if model.solver not in SOLVERS:
-        raise ValueError(f"Expected solver to be one of {SOLVERS}. Got {model.solver!r}.")
-    for name, minimum in (("n_iterations", 2), ("burn_in", 0), ("thin", 1), ("n_chains", 1)):
-        value = getattr(model, name)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"Expected {name} to be an integer >= {minimum}. Got {value!r}.")
-    if len(kept_iterations(model.n_iterations, model.burn_in, model.thin)) == 0:
-        raise ValueError(f"No MCMC sample would be kept: iteration i is kept when burn_in < i < n_iterations and i "
-                         f"% thin == 0. Got n_iterations={model.n_iterations}, burn_in={model.burn_in}, "
-                         f"thin={model.thin}.")
-    if not (isinstance(model.step_size, (int, float)) and math.isfinite(model.step_size) and model.step_size > 0):
-        raise ValueError(f"Expected step_size to be a finite number > 0. Got {model.step_size!r}.")
-    if model.tune not in TUNE_MODES:
-        raise ValueError(f"Expected tune to be one of {TUNE_MODES}. Got {model.tune!r}.")
-    if not isinstance(model.jacobian, bool):
-        raise ValueError(f"Expected jacobian to be True or False. Got {model.jacobian!r}.")
-    for name in ("weight_prior_variance", "noise_prior_variance"):
-        value = getattr(model, name)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"Expected {name} (of a log-normal prior) to be a finite number > 0. Got {value!r}.")

@@ -14,11 +14,12 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
+from ..kernels.deep_basis import prior_variance
 from ..linalg import CORE
 from ._gaussian_q import gauss_kl_whitened
 from ._weight_space import maximise_over_noise
 from .base import PredictiveFactors, register
-from .dbk import DeepBasisModel, prior_variance, trace_penalty, variance_correction
+from .dbk import DeepBasisModel, trace_penalty, variance_correction
 
 __all__ = ["SVDBK"]
 

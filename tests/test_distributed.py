@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpscale.distributed import LOCAL, LocalComm, TorchComm
-from gpscale.models import get_model_class
+from gpscale.models import available_methods, get_model_class
 from gpscale.train import Shard, fit
 
 F64 = torch.float64
@@ -23,6 +23,7 @@ FIT = dict(epochs=2, batch_size=32, lr=0.02, seed=3, progress=False)
 # method -> options; the minibatch methods (DistributedDataParallel) and their closed-form posterior passes
 METHODS = {
     "svgp": dict(n_inducing=6),
+    "svgp-unwhitened": dict(n_inducing=6, whiten=False),  # natural-gradient steps on q(u) against N(0, Kuu)
     # a loss that couples the batch's rows (and draws probes): every rank evaluates the gathered batch
     "softki": dict(n_inducing=8, solver="qr", calibrate_noise=None),
     # the noise re-estimated after training from the all-reduced statistics (the default)
@@ -144,6 +145,10 @@ TOLERANCE = {"grief": dict(rtol=1e-6, atol=1e-7), "grief-i": dict(rtol=1e-6, ato
              # the calibrated noise is the argmax of a flat evidence: the ranks' round-off in the statistics moves it
              # by more than 1e-9 and less than 1e-7, relative (measured)
              "softki-calibrated": dict(rtol=1e-7, atol=1e-8)}
+
+
+def test_every_registered_method_trains_in_two_processes_here():
+    assert {key if key in ("vff-svgp", "grief-i") else key.split("-")[0] for key in METHODS} == set(available_methods())
 
 
 @pytest.mark.parametrize("method", list(METHODS))

@@ -31,6 +31,8 @@ __all__ = ["GPRegressor", "GPClassifier", "load", "COV_MAX_ROWS", "resolve_dtype
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # return_cov and sample_y form an n* x n* matrix: 10,000 rows are 800 MB in float64
 COV_MAX_ROWS = 10_000
+# Sizes of a basis placed at training rows (k-means centres): at most one per row, whatever the method
+SIZES_CAPPED_BY_ROWS = ("n_inducing", "n_mean_inducing")
 
 
 def _all_or_nothing(fit_method):
@@ -172,7 +174,7 @@ class _GPEstimator(BaseEstimator):
             if boolean and not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
             options[name] = bool(value) if boolean else value
-        for name in ("n_inducing", *cls.sizes_capped_by_rows):  # at most one inducing point per row
+        for name in SIZES_CAPPED_BY_ROWS:  # at most one inducing point per row
             if name in accepted:
                 options[name] = min(int(options.get(name, option_default(cls, name))), n)
         return {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v for k, v in options.items()}

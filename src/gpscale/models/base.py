@@ -120,7 +120,6 @@ class GPModel(nn.Module):
 
     key: str = ""
     renamed_state: dict[str, str] = {}  # state-dict keys of earlier versions -> today's, for model files
-    sizes_capped_by_rows: tuple[str, ...] = ()  # options GPRegressor caps at the number of training rows
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
     data_parallel: str | None = "rows"

@@ -41,8 +41,6 @@ class OrthogonallyDecoupledGP(VariationalGP):
 
     likelihoods = ("gaussian", "bernoulli")
 
-    sizes_capped_by_rows = ("n_mean_inducing",)
-
     def __init__(self, n_features: int, *, n_mean_inducing: int = 0, **kwargs):
         if kwargs.pop("whiten", False):
             raise ValueError("The orthogonally decoupled mean basis needs an unwhitened q: whiten must be False.")

@@ -264,8 +264,6 @@ class ODVFF(OrthogonallyDecoupledGP):
 class VFFSVGP(ODVFF):
     """VFF in its SVGP form: :class:`ODVFF` without the mean basis (n_mean_inducing = 0), q(beta) = N(m, S) full."""
 
-    sizes_capped_by_rows = ()
-
     def __init__(self, n_features: int, **kwargs):
         if kwargs.get("n_mean_inducing", 0):
             raise ValueError("vff-svgp has no mean basis; use method='odvff' for n_mean_inducing > 0.")

@@ -20,8 +20,8 @@ class SVGP(VariationalGP):
             K_uu's factor, and 512 points converge in a few minutes on a CPU (the papers' baselines use 1024,
             which the benchmark protocols pin).
         learn_inducing: optimise Z.
-        whiten: q over the whitened u (default; natural-gradient and Adam steps both behave better, since the
-            prior is N(0, I) whatever Z) or over u itself (q(u) = N(m, S), prior N(0, Kuu), one latent function).
+        whiten: keep q over the whitened v = L^{-1} u (default), whose prior N(0, I) stays put while Z and the
+            kernel move, or over u itself (``False``: q(u) = N(m, S) against N(0, Kuu); one latent function).
         **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` and the kernel, likelihood and chunking
             options of :class:`GPModel`.
     """

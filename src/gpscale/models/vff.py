@@ -264,9 +264,8 @@ class ODVFF(OrthogonallyDecoupledGP):
 class VFFSVGP(ODVFF):
     """VFF in its SVGP form: :class:`ODVFF` without the mean basis (n_mean_inducing = 0), q(beta) = N(m, S) full."""
 
-    def __init__(self, n_features: int, **kwargs):
-        if kwargs.get("n_mean_inducing", 0):
+    def __init__(self, n_features: int, n_mean_inducing: int = 0, **kwargs):
+        if n_mean_inducing:
             raise ValueError("vff-svgp has no mean basis; use method='odvff' for n_mean_inducing > 0.")
-        kwargs["n_mean_inducing"] = 0
-        super().__init__(n_features, **kwargs)
+        super().__init__(n_features, n_mean_inducing=0, **kwargs)
 

@@ -4,7 +4,8 @@ from .estimator import GPClassifier, GPRegressor, load
 from .linalg import NotPSDError, NumericalWarning
 from .models import available_methods
 from .models.dbk import ExtrapolationWarning
+from .models.grief_i_chains import ConvergenceWarning
 
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "available_methods", "NotPSDError", "NumericalWarning",
-           "ExtrapolationWarning", "__version__"]
+           "ExtrapolationWarning", "ConvergenceWarning", "__version__"]

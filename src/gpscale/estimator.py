@@ -32,7 +32,7 @@ _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # return_cov and sample_y form an n* x n* matrix: 10,000 rows are 800 MB in float64
 COV_MAX_ROWS = 10_000
 # Sizes of a basis placed at training rows (k-means centres): at most one per row, whatever the method
-SIZES_CAPPED_BY_ROWS = ("n_inducing", "n_mean_inducing")
+SIZES_CAPPED_BY_ROWS = ("n_inducing", "n_mean_inducing", "n_extra_inducing")
 
 
 def _all_or_nothing(fit_method):

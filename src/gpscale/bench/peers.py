@@ -475,6 +475,8 @@ def copy_hyperparameters(ours, peer: PeerModel) -> PeerModel:
                 raise ValueError(f"Numbers of inducing points differ: ours {Z.shape[0]}, peer {peer.n_inducing}.")
             peer._set_inducing_points(Z.detach())
     if isinstance(ours, SVGP):
+        if not ours.whiten:  # GPyTorch's VariationalStrategy holds the whitened q(v)
+            raise ValueError("copy_hyperparameters copies a whitened q; this SVGP has whiten=False.")
         peer.strategy.jitter_val = float(ours.jitter)
         peer.set_variational(ours.q_mu.detach(), ours.q_sqrt.detach())
     peer.reset_caches()

@@ -64,7 +64,7 @@ def natural_gradient_update(m: Tensor, S_inv: Tensor, g_m: Tensor, data_term: Te
     where ``g_m`` = dELBO / dm (the KL's part included) and ``g_S = data_term + 1/2 (S^{-1} - K^{-1})``: S enters
     the ELBO through the batch's variances, ``data_term = A diag(dELBO / dvar) A^T``, and the KL's ``tr(K^{-1} S)``
     and ``log|S|``, with K^{-1} the ``prior_precision`` (I for a whitened q). A step whose -2 theta_2 is not positive
-    definite is halved, at most 10 times. Returns (m, lower L with L L^T = S, the new precision S^{-1}), or None when
+    definite is halved, down to rho / 512. Returns (m, lower L with L L^T = S, the new precision S^{-1}), or None when
     every step failed."""
     g_S = data_term + 0.5 * (S_inv - prior_precision)
     g_S = 0.5 * (g_S + g_S.mT)
@@ -81,6 +81,6 @@ def natural_gradient_update(m: Tensor, S_inv: Tensor, g_m: Tensor, data_term: Te
 
 
 def warn_skipped_step(rho: float) -> None:
-    warnings.warn(f"A natural-gradient step on q was skipped: S would not stay positive definite even at 1/1024 of "
+    warnings.warn(f"A natural-gradient step on q was skipped: S would not stay positive definite even at 1/512 of "
                   f"the step. Pass a smaller natgrad_step (now {rho}) or a larger jitter.", NumericalWarning,
                   stacklevel=4)

@@ -24,11 +24,13 @@ __all__ = ["UnwhitenedQ", "MeanWeights"]
 
 class MeanWeights(NamedTuple):
     """The unwhitened mean's coefficients: w = Kuu^{-1} (m - c) on the features [M], and, with a mean basis gamma
-    (:mod:`gpscale.models.decoupled`), its weights a [M_g] and c = K_u,gamma a [M] (else a = None and c = 0)."""
+    [M_g, d] (:mod:`gpscale.models.decoupled`), its weights a [M_g] and c = K_u,gamma a [M] (else a and gamma are
+    None and c = 0)."""
 
     a: Tensor | None
     w: Tensor
     c: Tensor
+    gamma: Tensor | None = None
 
 
 class UnwhitenedQ:
@@ -44,7 +46,7 @@ class UnwhitenedQ:
         both need them."""
         return MeanWeights(None, Kuu.solve(q_mu.unsqueeze(-1)).squeeze(-1), torch.zeros_like(q_mu))
 
-    def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None) -> Tensor:
+    def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None, gamma: Tensor | None) -> Tensor:
         """The mean at X [b] plus any part of it outside the features (none here; the decoupled mean basis)."""
         return mean
 
@@ -58,7 +60,7 @@ class UnwhitenedQ:
         ``residual + diag(A^T S A)``."""
         Kux = self.features.Kuf(X).to(CORE)  # [M, b]
         A = Kuu.solve(Kux)
-        mean = self.add_mean_basis(X, Kux.T @ weights.w, weights.a)
+        mean = self.add_mean_basis(X, Kux.T @ weights.w, weights.a, weights.gamma)
         # k(x, x) - phi^T Kuu^{-1} phi >= 0 in exact arithmetic; the clamp removes round-off only
         residual = (self.features.Kff_diag(X).to(CORE) - (Kux * A).sum(0)).clamp_min(0.0)
         return mean, residual, A
@@ -117,8 +119,8 @@ class UnwhitenedQ:
         weights = self.mean_weights(Kuu, self.q_mu.to(CORE))
         cache = {"Lu": cholesky(Kuu.to_dense(), what="Kuu"), "q_sqrt": self.q_sqrt.detach().to(CORE).clone(),
                  "w": weights.w}
-        if weights.a is not None:
-            cache["a"] = weights.a.clone()
+        if weights.a is not None:  # the mean basis, fixed with the rest of the posterior
+            cache["a"], cache["gamma"] = weights.a.clone(), weights.gamma.detach().clone()
         return cache
 
     def unwhitened_predictive_factors(self, X: Tensor) -> PredictiveFactors:
@@ -128,5 +130,5 @@ class UnwhitenedQ:
         Kux = self.features.Kuf(X).to(CORE)
         V = solve_lower(Lu, Kux)
         A = solve_upper(Lu.T, V)
-        mean = self.add_mean_basis(X, Kux.T @ self.cache["w"], self.cache.get("a"))
+        mean = self.add_mean_basis(X, Kux.T @ self.cache["w"], self.cache.get("a"), self.cache.get("gamma"))
         return PredictiveFactors(mean, V, self.cache["q_sqrt"].T @ A)

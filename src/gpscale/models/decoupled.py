@@ -22,8 +22,7 @@ from .inducing import kmeans_centers
 
 __all__ = ["OrthogonallyDecoupledGP"]
 
-# Model files written before the two SVGP classes became one engine name the posterior cache's factors after beta
-# and keep a copy of gamma there.
+# Model files written before the two SVGP classes became one engine name the posterior cache's factors after beta.
 _EARLIER_CACHE = {"L_bb": "Lu", "L_S": "q_sqrt"}
 
 
@@ -41,8 +40,8 @@ class OrthogonallyDecoupledGP(VariationalGP):
 
     likelihoods = ("gaussian", "bernoulli")
 
-    def __init__(self, n_features: int, *, n_mean_inducing: int = 0, **kwargs):
-        if kwargs.pop("whiten", False):
+    def __init__(self, n_features: int, *, n_mean_inducing: int = 0, whiten: bool = False, **kwargs):
+        if whiten is not False:
             raise ValueError("The orthogonally decoupled mean basis needs an unwhitened q: whiten must be False.")
         super().__init__(n_features, whiten=False, **kwargs)
         if int(n_mean_inducing) != n_mean_inducing or n_mean_inducing < 0:
@@ -65,11 +64,11 @@ class OrthogonallyDecoupledGP(VariationalGP):
         """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64)."""
         a = self.a_gamma.to(CORE)
         c = self.features.Kuf(self.gamma).to(CORE) @ a if self.n_mean_inducing else torch.zeros_like(q_mu)
-        return MeanWeights(a, Kuu.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c)
+        return MeanWeights(a, Kuu.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c, self.gamma)
 
-    def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None) -> Tensor:
+    def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None, gamma: Tensor | None) -> Tensor:
         """``mean + k(x, gamma) a``."""
-        return mean + self.kernel(X, self.gamma).to(CORE) @ a if self.n_mean_inducing else mean
+        return mean + self.kernel(X, gamma).to(CORE) @ a if self.n_mean_inducing else mean
 
     def mean_basis_kl(self, Kuu, weights: MeanWeights) -> Tensor | float:
         """``1/2 a^T (Kgg - Kgb Kbb^{-1} Kbg) a`` as two quadratic forms, never forming or factorising the
@@ -82,6 +81,5 @@ class OrthogonallyDecoupledGP(VariationalGP):
         return 0.5 * orthogonal.clamp_min(0.0)
 
     def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        super().set_extra_state({_EARLIER_CACHE.get(name, name): value for name, value in state.items()
-                                 if name != "gamma"})
+        super().set_extra_state({_EARLIER_CACHE.get(name, name): value for name, value in state.items()})
 

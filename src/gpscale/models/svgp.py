@@ -21,7 +21,8 @@ class SVGP(VariationalGP):
             which the benchmark protocols pin).
         learn_inducing: optimise Z.
         whiten: keep q over the whitened v = L^{-1} u (default), whose prior N(0, I) stays put while Z and the
-            kernel move, or over u itself (``False``: q(u) = N(m, S) against N(0, Kuu); one latent function).
+            kernel move, or over u itself (``False``: q(u) = N(m, S) against N(0, Kuu); one latent function). With
+            Z learned the unwhitened q trains much more slowly (docs/svgp.md has a measurement).
         **kwargs: ``natural_gradients``, ``natgrad_step``, ``jitter`` and the kernel, likelihood and chunking
             options of :class:`GPModel`.
     """

@@ -4,7 +4,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpscale import estimator
+from gpscale import estimator, metrics
 from gpscale.bench import runner
 from gpscale.bench.protocols import MethodSpec, Protocol, get_protocol
 from gpscale.bench.report import write_report
@@ -276,3 +276,19 @@ def test_a_two_class_entry_runs_through_the_classifier_and_is_scored_on_its_labe
     record = run_one(spec, ds, seed=0, dtype="float64")
     assert record["status"] == "ok", record.get("error")
     assert 0.6 < record["accuracy"] <= 1 and 0 < record["nlpd"] < 0.7  # better than a coin (NLPD ln 2 = 0.69)
+
+
+@pytest.mark.parametrize("x_scaling", ["standard", "minmax"])
+def test_a_run_is_the_estimator_on_the_rows_a_user_has(tmp_path, x_scaling):
+    # the runner hands GPRegressor the unscaled rows, which it scales as the loader does: the recorded scores are
+    # those of the call a user would make, to the bit (scaled rows, scaled again, would differ by round-off)
+    protocol = Protocol(name="raw-rows", version=1, description="", datasets={"friedman1": None},
+                        methods=(MethodSpec("svgp", dict(n_inducing=12, epochs=2, batch_size=50, lr=0.05)),),
+                        dataset_options={"friedman1": {"n": 250, "x_scaling": x_scaling}})
+    (record,) = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False, log=lambda m: None)).runs()
+    raw = load_dataset("friedman1", split=0, n=250, x_scaling="none", standardize_y=False)
+    ds = load_dataset("friedman1", split=0, n=250, x_scaling=x_scaling)
+    reg = estimator.GPRegressor(method="svgp", n_inducing=12, epochs=2, batch_size=50, lr=0.05, seed=0,
+                                x_scaling=x_scaling, progress=False)
+    mean = (reg.fit(raw.X_train, raw.y_train).predict(raw.X_test) - ds.y_mean) / ds.y_std
+    assert record["rmse"] == metrics.rmse(ds.y_test, mean)

@@ -90,8 +90,11 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
             continue
         for split in splits if splits is not None else (protocol.datasets[name] or protocol.splits):
             for seed in protocol.seeds:
-                ds = load_dataset(name, split=split, seed=seed, data_dir=folder,
-                                  **{**protocol.dataset_options.get(name, {}), **(data_options or {})})
+                given = {**protocol.dataset_options.get(name, {}), **(data_options or {})}
+                ds = load_dataset(name, split=split, seed=seed, data_dir=folder, **given)
+                # the rows as a user has them, for the estimator, which scales them as ds is scaled
+                raw = load_dataset(name, split=split, seed=seed, data_dir=folder,
+                                   **{**given, "x_scaling": "none", "standardize_y": False})
                 trained: dict = {}  # trained models of this split and seed, for posterior-only variants
                 for spec in (_on_dataset(s, name, options) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:
@@ -104,7 +107,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                         continue
                     record = {**base, **context, **run_one(spec, ds, seed=seed, dtype=protocol.dtype,
                                                            device=device, progress=progress, trained=trained,
-                                                           comm=comm)}
+                                                           comm=comm, raw=raw)}
                     if comm.rank == 0:
                         store.append(record)
                     log(_line(record))
@@ -112,14 +115,19 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
 
 
 def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu", progress: bool = False,
-            trained: dict | None = None, comm: Comm = LOCAL) -> dict:
+            trained: dict | None = None, comm: Comm = LOCAL, raw=None) -> dict:
     """Train and evaluate one method on one dataset split. In one process it never raises: an error becomes the
     record. Under data parallelism an error stops the job instead, since the other ranks may be waiting for this
     one in a collective (torchrun then stops them all); rerun with ``resume`` to skip the runs recorded so far.
 
     ``trained`` (optional, per split and seed) keeps our trained models, so that an entry differing from an
-    earlier one only in posterior options refits that model's posterior instead of training again.
+    earlier one only in posterior options refits that model's posterior instead of training again. ``raw``
+    (optional) is the same split unscaled (``x_scaling='none'``, ``standardize_y=False``): gpscale's estimators
+    then get the rows a user has and scale them as ``ds`` is scaled, with the same function, so that they train on
+    ds's rows to the bit; without it they get ds's scaled rows (and scale them again, which moves them by
+    round-off). Scores are on ds's scale either way.
     """
+    raw = ds if raw is None else raw
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
@@ -138,9 +146,10 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
                 reused = None
             else:
-                rows = (ds.X_train[first:last], ds.y_train[first:last])
+                rows = (raw.X_train[first:last], raw.y_train[first:last])
                 predict, seconds_per_epoch, epochs, reused, fitted = _run_ours(
                     spec, ds, rows, seed, dtype, device, progress, {} if trained is None else trained, comm)
+                predict = _on_scale_of(ds, raw, predict, torch.tensor(raw.X_test, dtype=torch_dtype, device=device))
                 record.update(fitted)
             train_seconds = time.perf_counter() - tic
             tic = time.perf_counter()
@@ -165,6 +174,21 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                                "recorded so far stay, and --resume skips them.") from err
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
+
+
+def _on_scale_of(ds, raw, predict, X_test_raw):
+    """``predict`` of raw's test rows, as a function of ds's test rows with its mean and variance on ds's y scale
+    (probabilities as they are)."""
+    if raw is ds:
+        return predict
+
+    def on_ds_scale(_):
+        mean, var = predict(X_test_raw)
+        if not ds.standardize_y or mean.ndim > 1:  # raw targets (or class probabilities): nothing to rescale
+            return mean, var
+        return (mean - ds.y_mean) / ds.y_std, var / ds.y_std**2
+
+    return on_ds_scale
 
 
 def _check_data_options(data_options: dict | None) -> None:

@@ -131,7 +131,6 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
-    Xte = torch.tensor(ds.X_test, dtype=torch_dtype, device=device)
     if spec.key.startswith("gpytorch-") and comm.world_size > 1:  # refused alike on every rank, before any collective
         return {**record, "status": "error", "error": "NotImplementedError: The GPyTorch peers run in one process."}
     try:
@@ -144,16 +143,19 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                     options["n_inducing"] = min(options["n_inducing"], ds.n_train)
                 Xtr, ytr = (torch.tensor(a, dtype=torch_dtype, device=device) for a in (ds.X_train, ds.y_train))
                 predict, seconds_per_epoch, epochs = _run_peer(spec.key, options, train, Xtr, ytr, seed, progress)
-                reused = None
+                reused, given = None, ds
             else:
                 rows = (raw.X_train[first:last], raw.y_train[first:last])
                 predict, seconds_per_epoch, epochs, reused, fitted = _run_ours(
                     spec, ds, rows, seed, dtype, device, progress, {} if trained is None else trained, comm)
-                predict = _on_scale_of(ds, raw, predict, torch.tensor(raw.X_test, dtype=torch_dtype, device=device))
+                given = raw
                 record.update(fitted)
             train_seconds = time.perf_counter() - tic
+            Xte = torch.tensor(given.X_test, dtype=torch_dtype, device=device)  # the test rows as training's
             tic = time.perf_counter()
             mean, var = (t.double().cpu().numpy() for t in predict(Xte))  # classes: probabilities [n*, C]
+            if given is not ds and ds.standardize_y and mean.ndim == 1:  # back on ds's y scale
+                mean, var = (mean - ds.y_mean) / ds.y_std, var / ds.y_std**2
             predict_seconds = time.perf_counter() - tic
         peak_mb = peak.mb
         if reused is not None:
@@ -174,21 +176,6 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
                                "recorded so far stay, and --resume skips them.") from err
         record.update(status="error", error=f"{type(err).__name__}: {err}")
     return record
-
-
-def _on_scale_of(ds, raw, predict, X_test_raw):
-    """``predict`` of raw's test rows, as a function of ds's test rows with its mean and variance on ds's y scale
-    (probabilities as they are)."""
-    if raw is ds:
-        return predict
-
-    def on_ds_scale(_):
-        mean, var = predict(X_test_raw)
-        if not ds.standardize_y or mean.ndim > 1:  # raw targets (or class probabilities): nothing to rescale
-            return mean, var
-        return (mean - ds.y_mean) / ds.y_std, var / ds.y_std**2
-
-    return on_ds_scale
 
 
 def _check_data_options(data_options: dict | None) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpscale.distributed import LOCAL, LocalComm, TorchComm
+from gpscale.distributed import LOCAL, TorchComm
 from gpscale.models import available_methods, get_model_class
 from gpscale.train import Shard, fit
 
@@ -250,20 +250,6 @@ def test_a_run_failing_on_one_rank_stops_the_job_instead_of_stalling_it(tmp_path
     # would leave rank 0 waiting for good (spawn's deadline); raising ends rank 1, and the launcher stops rank 0
     with pytest.raises(mp.ProcessRaisedException, match="Rank 1: svgp on friedman1 failed .*MemoryError"):
         spawn(_bench_worker_failing_on_rank_1, free_port(), str(tmp_path), timeout=120)
-
-
-def test_what_data_parallelism_does_not_support_is_refused():
-    class TwoRanks(LocalComm):
-        world_size = 2
-
-    X, y, _ = data()
-    model = get_model_class("sgpr")(D, n_inducing=4).double()
-    model.data_parallel = None  # a loss that does not say how it splits over processes
-    with pytest.raises(NotImplementedError, match="does not split over processes"):
-        fit(model, X, y, comm=TwoRanks(), progress=False)
-    model.data_parallel = "rows"  # a full-batch loss over each rank's rows alone: L-BFGS would see no sum
-    with pytest.raises(NotImplementedError, match="optimizer='lbfgs'"):
-        fit(model, X, y, comm=TwoRanks(), optimizer="lbfgs", progress=False)
 
 
 def test_torch_comm_needs_an_initialised_group_and_from_env_needs_torchrun(monkeypatch):

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
 # training; the estimators; the benchmark; the command line
 LAYERS = [
     {"_version", "_stack", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs", "mcmc",
-     "operators", "io", "data"},
+     "operators", "io", "data", "options"},
     {"kernels", "likelihoods"},
     {"models"},
     {"train"},

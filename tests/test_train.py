@@ -45,10 +45,10 @@ def test_minibatches_cover_every_point_once_per_epoch():
     seen = []
     original = model.loss
 
-    def spy(xb, yb, num_data):
+    def spy(xb, yb, num_data, comm, share):
         seen.append(xb)
-        assert num_data == 50
-        return original(xb, yb, num_data)
+        assert num_data == 50 and share == 1.0
+        return original(xb, yb, num_data, comm, share)
 
     model.loss = spy
     fit(model, X, y, epochs=2, batch_size=16, progress=False)
@@ -112,11 +112,11 @@ def test_restart_after_not_psd_error_then_success():
     calls = {"n": 0}
     original = model.loss
 
-    def flaky(xb, yb, num_data):
+    def flaky(xb, yb, num_data, comm, share):
         calls["n"] += 1
         if calls["n"] == 2:
             raise NotPSDError("simulated")
-        return original(xb, yb, num_data)
+        return original(xb, yb, num_data, comm, share)
 
     model.loss = flaky
     with pytest.warns(RuntimeWarning, match="restarting"):
@@ -127,7 +127,7 @@ def test_restart_after_not_psd_error_then_success():
 def test_gives_up_with_a_remedy_after_max_restarts():
     X, y = toy_regression(n=60)
     model = sgpr()
-    model.loss = lambda xb, yb, num_data: torch.tensor(float("nan"), requires_grad=True)
+    model.loss = lambda *args, **kwargs: torch.tensor(float("nan"), requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(TrainingError, match="smaller lr"):

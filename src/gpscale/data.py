@@ -95,6 +95,21 @@ class Dataset:
     source: str
     x_scaling: str = "standard"  # how X was scaled (gpscale.scaling.SCALINGS)
     standardize_y: bool = True
+    kind: str = "generated"  # the file's kind ("uci", "geo", "images", ...), which decides the default x_scaling
+
+    def rescaled(self, x_scaling: str | None = None, standardize_y: bool = True) -> Dataset:
+        """This split, held unscaled (``x_scaling='none'``, ``standardize_y=False``), scaled with its training
+        statistics as :func:`load_dataset` scales it (``x_scaling=None``: the kind's default), to the bit."""
+        if self.x_scaling != "none" or self.standardize_y:
+            raise ValueError(f"{self.name} is scaled already (x_scaling={self.x_scaling!r}, standardize_y="
+                             f"{self.standardize_y}); load it with x_scaling='none', standardize_y=False to rescale.")
+        if x_scaling is None:
+            x_scaling = "none" if self.kind in _UNSTANDARDISED_X else "standard"
+        x = fit_scaling(self.X_train, x_scaling)
+        y = fit_scaling(self.y_train, "standard" if standardize_y else "none")
+        return Dataset(self.name, x.apply(self.X_train), y.apply(self.y_train), x.apply(self.X_test),
+                       y.apply(self.y_test), x.shift, x.scale, float(y.shift), float(y.scale), self.split, self.source,
+                       x_scaling, standardize_y, self.kind)
 
     @property
     def n_train(self) -> int:
@@ -260,11 +275,10 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
     if max_train is not None and max_train < len(y_train):
         keep = np.random.default_rng([seed, split, 1]).choice(len(y_train), max_train, replace=False)
         X_train, y_train = X_train[keep], y_train[keep]
-    if x_scaling is None:
-        x_scaling = "none" if kind in _UNSTANDARDISED_X else "standard"
-    x, y_ = fit_scaling(X_train, x_scaling), fit_scaling(y_train, "standard" if standardize_y else "none")
-    return Dataset(name, x.apply(X_train), y_.apply(y_train), x.apply(X_test), y_.apply(y_test), x.shift, x.scale,
-                   float(y_.shift), float(y_.scale), int(split), source, x_scaling, standardize_y)
+    d = X_train.shape[1]
+    raw = Dataset(name, X_train.astype(np.float64), y_train.astype(np.float64), X_test.astype(np.float64),
+                  y_test.astype(np.float64), np.zeros(d), np.ones(d), 0.0, 1.0, int(split), source, "none", False, kind)
+    return raw.rescaled(x_scaling, standardize_y)
 
 
 def _locate(name: str, root: Path | None) -> tuple[str, Path]:

@@ -22,6 +22,7 @@ from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import cholesky
 from .models import available_methods, get_model_class
 from .models.base import GPModel, option_default, option_names
+from .options import check_options
 from .scaling import SCALINGS, fit_scaling
 from .train import fit
 
@@ -112,7 +113,9 @@ class _GPEstimator(BaseEstimator):
         return TorchComm.from_env(self.device) if self.distributed else LOCAL
 
     def _check_settings(self) -> tuple[torch.dtype, torch.device]:
-        """What ``fit`` checks before touching the data: the method, the scaling, the dtype and the device."""
+        """What ``fit`` checks before touching the data: the values of the options (:mod:`gpscale.options`), the
+        method, the scaling, the dtype and the device."""
+        check_options(self.get_params(deep=False))
         if self.method != "auto":
             get_model_class(self.method)  # an unknown method says which exist
         if self.x_scaling not in SCALINGS:

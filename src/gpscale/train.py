@@ -140,11 +140,11 @@ def fit(
             ``batch_size``, of which each rank evaluates the rows it holds; the ranks' losses, weighted by their
             share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
             So the trained model equals the one-process fit on the concatenated shards, to round-off. Rank 0
-            alone writes the checkpoint. How a model's loss splits is its ``data_parallel`` (see
-            :class:`~gpscale.models.base.GPModel`): full-batch models all-reduce their statistics inside the loss,
-            and a loss that couples a batch's rows (SoftKI) gets the whole gathered batch on every rank. With
+            alone writes the checkpoint. Every rank calls the model's loss on its part (see
+            :meth:`~gpscale.models.base.GPModel.loss`): full-batch models all-reduce their statistics inside it,
+            and a ``batch_coupled`` loss (SoftKI) gets the whole gathered batch on every rank. With
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
-            over all held-out rows. L-BFGS works on the losses that all-reduce their statistics.
+            over all held-out rows.
         convergence: the plateau rule of training to convergence.
 
     The posterior is fitted on all of (X, y), the validation rows included.
@@ -158,7 +158,6 @@ def fit(
     if settings.epochs is None and schedule not in (None, "constant"):
         raise ValueError(f"schedule={schedule!r} anneals over a fixed number of epochs; pass epochs=, or leave "
                          "schedule=None (training to convergence steps the learning rate down on plateaus).")
-    _check_distributable(model, comm, optimizer=settings.optimizer)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
     generator = torch.Generator().manual_seed(seed)
@@ -404,15 +403,9 @@ class _Objective(nn.Module):
         self.model = model
 
     def forward(self, X: Tensor, y: Tensor, num_data: int, weight: float, comm: Comm) -> Tensor:
-        mode = self.model.data_parallel if comm.world_size > 1 else "one process"
-        if mode == "statistics":  # every rank holds rows of the one full-batch loss
-            return weight * self.model.loss(X, y, num_data=num_data, comm=comm)
-        if mode == "batch":  # every rank joins the batch-wide gathers, with or without rows
-            loss = self.model.loss(X, y, num_data=num_data, comm=comm, share=weight / comm.world_size)
-            return weight * loss + (self._zero() if X.shape[0] == 0 else 0.0)
-        if X.shape[0] == 0:
-            return self._zero()
-        return weight * self.model.loss(X, y, num_data=num_data)
+        # every rank evaluates its part, rows or not, so that it joins the collectives the loss takes
+        loss = weight * self.model.loss(X, y, num_data=num_data, comm=comm, share=weight / comm.world_size)
+        return loss + self._zero() if X.shape[0] == 0 else loss
 
     def _zero(self) -> Tensor:
         """For a rank without rows of the batch: a zero that still reaches every parameter, with a separate zero
@@ -423,7 +416,7 @@ class _Objective(nn.Module):
 
 def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm) -> float:
     """One pass; returns the mean loss over its steps (the global loss under data parallelism)."""
-    if model.full_batch:  # one process only (_check_distributable)
+    if model.full_batch:  # every rank holds its rows of the one loss
         batches = [None]
     else:
         batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
@@ -431,15 +424,12 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
     for rows in batches:
         if rows is None:  # every rank holds its rows of one loss, whose statistics the model all-reduces
             xb, yb, share = X, y, 1.0 / comm.world_size
-        elif model.data_parallel == "gather" and comm.world_size > 1:  # the whole batch, in order, on every rank
+        elif model.batch_coupled and comm.world_size > 1:  # the whole batch, in order, on every rank
             xb, yb, share = (*_gather_batch(X, y, rows, shard, comm), 1.0 / comm.world_size)
         else:
             mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
             xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
-        if comm.world_size == 1:  # the one-process contract: (X, y, num_data)
-            model.natural_gradient_step(xb, yb, shard.n_global)
-        else:
-            model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
+        model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
         optimiser.zero_grad(set_to_none=True)
         # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
         loss = objective(xb, yb, shard.n_global, share * comm.world_size, comm)
@@ -546,19 +536,6 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
         if given:
             raise ValueError(f"optimizer='lbfgs' runs to convergence without {name}; drop {name} or use "
                              "optimizer='adam'.")
-
-
-def _check_distributable(model, comm, *, optimizer) -> None:
-    if comm.world_size == 1:
-        return
-    unsupported = {f"{model.key or type(model).__name__}'s loss, which does not split over processes":
-                       model.data_parallel is None,
-                   "optimizer='lbfgs' on a loss that does not all-reduce its statistics":
-                       optimizer == "lbfgs" and model.data_parallel != "statistics"}
-    for what, given in unsupported.items():
-        if given:
-            raise NotImplementedError(f"Data-parallel training does not support {what} yet; train "
-                                      f"{model.key or type(model).__name__} in one process.")
 
 
 def _check_positive(**values) -> None:

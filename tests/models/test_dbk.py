@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributions import MultivariateNormal, kl_divergence
 
 import gpscale
-from gpscale import ExtrapolationWarning, GPRegressor
+from gpscale import ExtrapolationWarning, GPClassifier, GPRegressor
 from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _weight_space, get_model_class
@@ -82,11 +82,10 @@ def dense_predictive(Phi, y, Phi_s, noise, c=None, c_s=None):
 
 
 def set_q(model, mean, L):
-    """Put q(w) = N(mean, L L^T) into an SVDBK (L lower triangular with a positive diagonal)."""
+    """Put q(w) = N(mean, L L^T) into an SVDBK (L lower triangular)."""
     with torch.no_grad():
         model.q_mu.copy_(mean)
-        model.q_sqrt_tril.copy_(torch.tril(L, -1))
-        model.q_sqrt_diag.copy_(inverse_softplus(L.diagonal()))
+        model.q_sqrt_raw.copy_(L)
 
 
 def random_scale_tril(r, g, off_diagonal=1.0, diagonal_min=0.5):
@@ -212,7 +211,7 @@ def test_4_elbo_is_a_lower_bound_tight_at_the_exact_posterior(svi_setting):
     set_q(svdbk, m_star, L_star)
     elbo = svdbk.elbo(X, y, num_data=60)
     assert abs(elbo.item() - log_p.item()) < 1e-9
-    q_params = [svdbk.q_mu, svdbk.q_sqrt_tril, svdbk.q_sqrt_diag]
+    q_params = [svdbk.q_mu, svdbk.q_sqrt_raw]
     for grad in torch.autograd.grad(elbo, q_params):
         assert grad.abs().max() < 1e-8  # stationary in (m, L) at the optimum
     for perturb in (lambda m, L: (m + 0.01, L), lambda m, L: (m, L * 1.01), lambda m, L: (m, L * 0.99)):
@@ -274,6 +273,48 @@ def test_7_svi_predictive_at_the_optimum_equals_the_exact_predictive(svi_setting
     _, var_corrected = svdbk.predict(rows(60, 70))
     c_star = (prior_variance(Phi[:60]).max() - prior_variance(Phi[60:])).clamp_min(0)
     torch.testing.assert_close(var_corrected, dbk.predict(rows(60, 70))[1] + c_star, rtol=0, atol=1e-10)
+
+
+def test_a_natural_gradient_step_of_size_one_on_the_full_batch_lands_on_the_exact_posterior(svi_setting):
+    """SVDBK is the variational engine on the basis rows (Kuu = I, Kuf = Phi^T): its natural-gradient step is the
+    engine's, and with a Gaussian likelihood one full step on every row gives q(w) = p(w | y)."""
+    Phi, y, _, _ = svi_setting
+    svdbk = build(SVDBK, Phi, 0.2, correction=False, natural_gradients=True, natgrad_step=1.0)
+    svdbk.natural_gradient_step(rows(0, 60), y, num_data=60)
+    m_star, L_star = optimal_q(Phi[:60], y, svdbk.noise.detach())
+    torch.testing.assert_close(svdbk.q_mu.detach(), m_star, rtol=0, atol=1e-10)
+    torch.testing.assert_close(svdbk.q_sqrt @ svdbk.q_sqrt.T, L_star @ L_star.T, rtol=0, atol=1e-10)
+    # and the loss leaves q to those steps: Adam sees no gradient for it
+    svdbk.loss(rows(0, 60), y, num_data=60).backward()
+    assert svdbk.q_mu.grad is None and svdbk.q_sqrt_raw.grad is None
+
+
+def test_an_svdbk_model_file_of_the_earlier_parametrisation_loads_to_the_same_predictions(svi_setting):
+    """Earlier versions kept S as a strict lower triangle and a softplus diagonal, and cached no Kuu factor."""
+    Phi, y, _, svdbk = svi_setting
+    g = torch.Generator().manual_seed(12)
+    set_q(svdbk, torch.randn(6, generator=g, dtype=F64), random_scale_tril(6, g))
+    svdbk.fit_posterior(rows(0, 60), y)
+    state = svdbk.state_dict()
+    L = state.pop("q_sqrt_raw")
+    state["q_sqrt_tril"], state["q_sqrt_diag"] = torch.tril(L, -1), inverse_softplus(L.diagonal())
+    state["_extra_state"] = {k: v for k, v in state["_extra_state"].items() if k != "Lu"}
+    earlier = build(SVDBK, Phi, 0.2, correction=False)
+    earlier.load_state_dict(state)
+    for a, b in zip(earlier.predict(rows(60, 70)), svdbk.predict(rows(60, 70))):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
+
+
+def test_svdbk_classifies_without_the_correction_and_refuses_it():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (90, 2))
+    labels = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5)
+    clf = GPClassifier(method="svdbk", n_basis=6, width=8, epochs=20, batch_size=30, lr=0.02, progress=False)
+    clf.fit(X, labels)
+    assert clf.model_.correction is False and clf.model_.n_latent == 3
+    assert clf.score(X, labels) > 0.7
+    with pytest.raises(ValueError, match="correction=True pads a noise variance"):
+        SVDBK(2, n_basis=4, width=8, likelihood="bernoulli", correction=True)
 
 
 # --- 8, 9. variance correction ------------------------------------------------------------------------------------
@@ -632,8 +673,8 @@ def test_weight_decay_reaches_the_network_only():
     decay = {id(p): group["weight_decay"] for group in seen[0].param_groups for p in group["params"]}
     network = {id(p) for p in model.kernel.network.parameters()}
     assert {decay[i] for i in network} == {0.5}
-    others = [model.likelihood.raw_noise, model.q_mu, model.q_sqrt_tril, model.q_sqrt_diag]
-    assert [decay[id(p)] for p in others] == [0.0] * 4
+    others = [model.likelihood.raw_noise, model.q_mu, model.q_sqrt_raw]
+    assert [decay[id(p)] for p in others] == [0.0] * 3
     assert len(decay) == len(list(model.parameters()))
 
 

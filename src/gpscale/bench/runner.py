@@ -91,10 +91,10 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
         for split in splits if splits is not None else (protocol.datasets[name] or protocol.splits):
             for seed in protocol.seeds:
                 given = {**protocol.dataset_options.get(name, {}), **(data_options or {})}
-                ds = load_dataset(name, split=split, seed=seed, data_dir=folder, **given)
                 # the rows as a user has them, for the estimator, which scales them as ds is scaled
                 raw = load_dataset(name, split=split, seed=seed, data_dir=folder,
                                    **{**given, "x_scaling": "none", "standardize_y": False})
+                ds = raw.rescaled(given.get("x_scaling"), given.get("standardize_y", True))
                 trained: dict = {}  # trained models of this split and seed, for posterior-only variants
                 for spec in (_on_dataset(s, name, options) for s in specs):
                     if spec.max_n is not None and ds.n_train > spec.max_n:

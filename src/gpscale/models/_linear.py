@@ -71,7 +71,6 @@ class FeatureSpaceGP(GPModel):
     """
 
     full_batch = True
-    data_parallel = "statistics"
     trace_term = False
     residual_evidence = False
     solver: str = "auto"
@@ -163,7 +162,7 @@ class FeatureSpaceGP(GPModel):
         """What full-batch training maximises; default :meth:`log_marginal_likelihood`."""
         return self.log_marginal_likelihood(X, y, comm)
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         return -self.objective(X, y, comm) / num_data
 
     @torch.no_grad()

@@ -119,6 +119,8 @@ class VariationalGP(UnwhitenedQ, GPModel):
         (default: the model's)."""
         q_mu = self.q_mu if q_mu is None else q_mu
         q_sqrt = self.q_sqrt if q_sqrt is None else q_sqrt
+        if not X.shape[0]:  # a process holding none of a batch's rows: no expected log-likelihood to estimate
+            return -self.prior_kl(q_mu, q_sqrt)
         if not self.whiten:
             return self.unwhitened_elbo(X, y, num_data, q_mu.to(CORE), q_sqrt.to(CORE))
         conditional = self.projected_conditional if self.projects(X) else self.conditional
@@ -135,10 +137,16 @@ class VariationalGP(UnwhitenedQ, GPModel):
             return gauss_kl_whitened(q_mu, q_sqrt)
         return self.unwhitened_kl(q_mu, q_sqrt)
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        if self.natural_gradients:  # q moves by natural-gradient steps alone: Adam needs no gradient for it
-            return -self.elbo(X, y, num_data, self.q_mu.detach(), self.q_sqrt.detach()) / num_data
-        return -self.elbo(X, y, num_data) / num_data
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
+        # a sum over the batch's rows plus a term of the parameters: each process's part is its rows' estimate
+        return -self.elbo(X, y, num_data, *self.q_for_loss()) / num_data
+
+    def q_for_loss(self) -> tuple[Tensor, Tensor]:
+        """(m, S) as the optimiser's loss sees them: detached when natural-gradient steps alone move q, so that
+        Adam computes no gradient for them."""
+        if self.natural_gradients:
+            return self.q_mu.detach(), self.q_sqrt.detach()
+        return self.q_mu, self.q_sqrt
 
     # --- whitened q ---------------------------------------------------------------------------------------
     def Lu(self) -> Tensor:

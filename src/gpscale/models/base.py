@@ -105,13 +105,8 @@ class GPModel(nn.Module):
         chunk_size: rows per chunk in every pass over data; memory is O(chunk_size x m).
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds),
-    ``data_parallel`` to say how their loss splits over processes that hold shards of the rows (``'rows'``: a
-    minibatch loss that is a sum over its rows plus a term of the parameters, so the parts of a batch add up;
-    ``'batch'``: such a sum given batch-wide quantities, which ``loss(X, y, num_data, comm, share)`` gathers in its
-    forward pass, called on every process even when its part (a ``share`` of the batch) is empty;
-    ``'statistics'``: a full-batch loss of sufficient statistics, which ``loss(X, y, num_data, comm)`` all-reduces;
-    ``'gather'``: a loss that couples a batch's rows, evaluated on the whole batch, gathered, on every process;
-    None: it does not split), and
+    ``batch_coupled = True`` when their minibatch loss is a function of the batch as a whole rather than a sum over
+    its rows (SoftKI's marginal likelihood of each batch), and
     list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
     whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
@@ -122,7 +117,7 @@ class GPModel(nn.Module):
     renamed_state: dict[str, str] = {}  # state-dict keys of earlier versions -> today's, for model files
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
-    data_parallel: str | None = "rows"
+    batch_coupled: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
 
@@ -156,9 +151,9 @@ class GPModel(nn.Module):
             raise ValueError(f"lengthscale='median' sets the lengthscale of a stationary kernel on the inputs; "
                              f"{type(self.kernel).__name__} has none. Pass a number instead.")
         if likelihood in LIKELIHOODS and likelihood not in self.likelihoods:
+            able = [key for key in available_methods() if likelihood in _REGISTRY[key].likelihoods]
             raise ValueError(f"Method {self.key or type(self).__name__!r} supports the likelihoods "
-                             f"{self.likelihoods}, not {likelihood!r}; for a Bernoulli likelihood use a variational "
-                             "method (svgp, hvgp, odvgp, odvff, vff-svgp), for a multiclass one svgp or hvgp.")
+                             f"{self.likelihoods}, not {likelihood!r}, which these methods take: {', '.join(able)}.")
         classes = {} if n_classes is None else {"n_classes": n_classes}
         self.likelihood = make_likelihood(likelihood, noise=noise, learn_noise=learn_noise, noise_floor=noise_floor,
                                           **classes)
@@ -183,8 +178,17 @@ class GPModel(nn.Module):
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:  # pragma: no cover - interface
-        """Training objective on a minibatch (X [b, d], y [b]) of a set of ``num_data`` points, per data point."""
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+             share: float = 1.0) -> Tensor:  # pragma: no cover - interface
+        """Training objective per data point of a set of ``num_data`` points, on a minibatch (X [b, d], y [b]) or,
+        for a ``full_batch`` model, on all the rows.
+
+        Under data parallelism every process calls it on its part of the batch, X holding a ``share`` b_r / B of
+        the batch's rows (possibly none; ``share`` is ``1 / world_size`` for a full-batch loss and for a
+        ``batch_coupled`` one, which every process evaluates on the whole batch). It returns this process's part:
+        the parts weighted by their shares sum to the loss, with every collective the loss needs taken through
+        ``comm`` on every process, rows or not. A loss that is a sum over rows plus a term of the parameters needs
+        neither: its value on its rows alone is its part."""
         raise NotImplementedError
 
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:

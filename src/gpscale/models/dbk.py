@@ -20,19 +20,20 @@ w ~ N(0, I_r) (eq. 7): a Bayesian linear model, so exact inference is the linear
 Two registered methods, the paper's two rows of every table:
 
 - ``dbk``: exact inference, trained full batch on eq. 5 (Algorithm 9.1).
-- ``svdbk``: stochastic variational inference on w, ``q(w) = N(m, L L^T)`` with L lower triangular, trained on
-  minibatches with the ELBO of eq. 9 (n/b scaling) and predicting with eq. 10 (``Var f* = ||L^T phi*||^2``).
+- ``svdbk``: stochastic variational inference on w, ``q(w) = N(m, S S^T)`` with S lower triangular, trained on
+  minibatches with the ELBO of eq. 9 (n/b scaling) and predicting with eq. 10 (``Var f* = ||S^T phi*||^2``): the
+  variational engine with the weights w as inducing variables (:mod:`gpscale.models.svdbk`).
 
 They are two keys rather than an ``inference=`` option of one, because they differ in what the rest of gpscale
 reads from the class: the trainer minibatches unless ``full_batch`` (a property of the objective), and SVDBK has
-variational parameters (m, L) that exact DBK has not, so each key's options and saved state are exactly its own.
+variational parameters (m, S) that exact DBK has not, so each key's options and saved state are exactly its own.
 This is the same split as ``sgpr`` / ``svgp``, and the benchmark protocols can name the paper's rows by key.
 
-**Variance correction**, on by default; ``correction=False`` gives the paper's "-c" ablations. Marginal
-likelihood training drifts toward the rank-1 kernel y y^T with sigma^2 -> 0 (Theorem 1), and then every interval
-vanishes, because the posterior variance is proportional to sigma^2. The correction pads the prior variance to a
-uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel ``c(x, x) = max(k_max, k(x, x))
-- k(x, x)``:
+**Variance correction**, on by default with the Gaussian likelihood; ``correction=False`` gives the paper's "-c"
+ablations. Marginal likelihood training drifts toward the rank-1 kernel y y^T with sigma^2 -> 0 (Theorem 1), and
+then every interval vanishes, because the posterior variance is proportional to sigma^2. The correction pads the
+prior variance to a uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel
+``c(x, x) = max(k_max, k(x, x)) - k(x, x)``:
 
 - training maximises the Titsias-style bound ``log p(y) - tr(C_XX) / (2 sigma^2)`` on the corrected evidence
   (eq. 11); on a minibatch the trace is scaled by n/b and uses the batch max (biased low, as the paper specifies);
@@ -43,7 +44,7 @@ uniform k_max = max_i k(x_i, x_i) over the training set with the diagonal kernel
 
 **Optimisation recipe**: sigma^2 starts at 1e-2 with floor 1e-6; weight decay 1e-4 (coupled, as
 ``torch.optim.Adam``'s ``weight_decay``) on the network's parameters only, through :meth:`parameter_groups`, never
-on sigma^2, m or L. The loss is divided by n, as every gpscale loss (and GPyTorch's ``ExactMarginalLogLikelihood``),
+on sigma^2, m or S. The loss is divided by n, as every gpscale loss (and GPyTorch's ``ExactMarginalLogLikelihood``),
 so the decay acts against the per-point objective.
 """
 from __future__ import annotations
@@ -106,7 +107,9 @@ class DeepBasisModel(GPModel):
             ``'resnet'``, its "2-layer ResNet" read as two residual layers after the input layer). Built-in networks
             get PyTorch's default initialisation in :meth:`init`, from the seed of :func:`gpscale.train.fit`.
         scale_basis: divide the network output by sqrt(r) (not in the paper; see :class:`DeepBasisKernel`).
-        correction: the variance correction in training and prediction (default True); False is the "-c" ablation.
+        correction: the variance correction in training and prediction (default: on with the Gaussian
+            likelihood, the paper's); False is the "-c" ablation. It pads the noise variance, so a classification
+            likelihood (svdbk's), which has none, takes only False.
         calibrate_noise: after training, re-estimate sigma^2 with the network fixed (default False, the paper's
             protocol). The trace penalty's 1/sigma^2 holds the trained sigma^2 above the residual noise, and the
             corrected predictive adds c(x*) on top of it, so the corrected model's intervals come out wide
@@ -128,7 +131,7 @@ class DeepBasisModel(GPModel):
 
     def __init__(self, n_features: int, n_basis: int = 128, network: str | nn.Module = "resnet",
                  depth: int | None = None, width: int = 128, activation: str = "tanh", scale_basis: bool = False,
-                 correction: bool = True, weight_decay: float = 1e-4, calibrate_noise: bool = False, *,
+                 correction: bool | None = None, weight_decay: float = 1e-4, calibrate_noise: bool = False, *,
                  kernel: str | None = None, noise: float = 1e-2, **kwargs):
         _check_options(n_basis=n_basis, network=network, depth=depth, width=width, activation=activation,
                        weight_decay=weight_decay, kernel=kernel, kwargs=kwargs)
@@ -140,7 +143,14 @@ class DeepBasisModel(GPModel):
         super().__init__(n_features, kernel=DeepBasisKernel(network, n_basis, scale_basis), noise=noise, **kwargs)
         self.n_basis = int(n_basis)
         self.builtin_network = builtin
-        self.correction = bool(correction)
+        if correction is not None and not isinstance(correction, (bool, np.bool_)):
+            raise ValueError(f"correction must be True, False or None (on with a Gaussian likelihood), got "
+                             f"{correction!r}.")
+        gaussian = self.likelihood.noise is not None
+        if correction and not gaussian:
+            raise ValueError(f"correction=True pads a noise variance, which the {kwargs.get('likelihood')!r} "
+                             "likelihood has none of: pass correction=False (the default for classification).")
+        self.correction = gaussian if correction is None else bool(correction)
         self.weight_decay = float(weight_decay)
         self.calibrate_noise = calibrate_noise
         self.check_posterior_options()
@@ -156,13 +166,17 @@ class DeepBasisModel(GPModel):
         if not isinstance(self.calibrate_noise, (bool, np.bool_)):
             raise ValueError(f"calibrate_noise must be True or False for a deep basis kernel, got "
                              f"{self.calibrate_noise!r}.")
+        if self.calibrate_noise and self.likelihood.noise is None:
+            raise ValueError("calibrate_noise=True re-estimates a noise variance, which a classification likelihood "
+                             "has none of: pass calibrate_noise=False.")
 
     def parameter_groups(self) -> list[dict]:
         """Weight decay on the network's parameters only, none on sigma^2 or q(w): it regularises the network, while
         q(w) is already held to its prior by the KL term and sigma^2 is a noise level, not a weight."""
-        network = [p for p in self.kernel.network.parameters() if p.requires_grad]
-        in_network = {id(p) for p in network}
-        others = [p for p in self.parameters() if p.requires_grad and id(p) not in in_network]
+        trainable = [p for group in super().parameter_groups() for p in group["params"]]
+        in_network = {id(p) for p in self.kernel.network.parameters()}
+        network = [p for p in trainable if id(p) in in_network]
+        others = [p for p in trainable if id(p) not in in_network]
         groups = [{"params": network, "weight_decay": self.weight_decay}, {"params": others, "weight_decay": 0.0}]
         return [group for group in groups if group["params"]]
 
@@ -295,7 +309,7 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
         lml = self.evidence_of(Phi, y, comm)
         return lml - comm.all_reduce_sum(self.penalty(Phi, X.shape[0], comm)) if self.correction else lml
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         return -self.objective(X, y, comm) / num_data
 
     @torch.no_grad()

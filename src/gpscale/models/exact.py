@@ -20,7 +20,6 @@ class ExactGP(GPModel):
 
     full_batch = True
     # K is n x n over every process's rows: each process gathers them all, for the same answer but no speed-up
-    data_parallel = "statistics"
 
     def Ky(self, X: Tensor) -> Tensor:
         """``K + sigma^2 I`` [n, n]."""
@@ -31,7 +30,7 @@ class ExactGP(GPModel):
         """``log N(y | 0, K + sigma^2 I) = -1/2 y^T alpha - sum log diag L - n/2 log 2 pi`` (Alg. 2.1, line 7)."""
         return gaussian_log_likelihood(self.Ky(X), y, what="training covariance K + sigma^2 I")
 
-    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL) -> Tensor:
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         return -self.log_marginal_likelihood(comm.all_gather(X), comm.all_gather(y)) / num_data
 
     @torch.no_grad()

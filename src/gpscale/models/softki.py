@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
 from ..linalg import CORE, cholesky
 from ._linear import Features, FeatureSpaceGP
@@ -131,7 +132,7 @@ class SoftKI(FeatureSpaceGP):
 
     posterior_options = ("calibrate_noise",)
     full_batch = False
-    data_parallel = "gather"  # each batch's own marginal likelihood couples its rows: every rank holds them all
+    batch_coupled = True  # each batch's own marginal likelihood couples its rows
 
     def __init__(self, n_features: int, n_inducing: int = 512, n_probes: int = 10, learn_temperature: bool = False,
                  solver: str = "qr", calibrate_noise: str | None = "variance", *, ard: bool = False,
@@ -181,7 +182,7 @@ class SoftKI(FeatureSpaceGP):
         return Features(lambda X: self.weights(X).to(CORE) @ state["Lzz"])
 
     # --- training -------------------------------------------------------------------------------------------
-    def loss(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+    def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         """``-log p~(y_b) / B`` on a minibatch X [B, d], y [B] (Algorithm 1, line 7).
 
         Plain SGD on each batch's own marginal likelihood: no n/B rescaling, so ``num_data`` is not used; the

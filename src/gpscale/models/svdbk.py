@@ -1,9 +1,16 @@
 """SVDBK: a deep basis kernel GP with stochastic variational inference on its weights (Zhu, Yuchi & Xie 2025, the
 paper's second model; the kernel, the variance correction and the shared options are :mod:`gpscale.models.dbk`'s).
 
-In weight space ``f(x) = phi(x)^T w`` with ``w ~ N(0, I_r)``; SVDBK keeps ``q(w) = N(m, L L^T)`` and trains on
-minibatches with the ELBO of the paper's eq. 9 (n / b scaling), predicting with its eq. 10
-(``Var f* = ||L^T phi*||^2``), plus the correction c(x*) where it is on.
+In weight space ``f(x) = phi(x)^T w`` with ``w ~ N(0, I_r)``: the weights are inducing variables whose features are
+the basis rows, ``Kuu = Cov(w) = I_r`` and ``Kuf = Cov(w, f(X)) = Phi^T`` (:class:`BasisWeights`). So SVDBK is the
+variational engine (:class:`~gpscale.models._variational.VariationalGP`) on the rows ``phi(X)`` of the network:
+``q(w) = N(m, S S^T)`` (the whitened q, since Kuu = I), the minibatch ELBO of the paper's eq. 9 (n / b scaling),
+
+    (n / b) sum_i E_q log p(y_i | phi_i^T w) - KL(q(w) || N(0, I)),
+
+with ``E_q log N(y_i | phi_i^T w, sigma^2) = log N(y_i | m^T phi_i, sigma^2) - ||S^T phi_i||^2 / (2 sigma^2)``, and
+the predictive of its eq. 10 (``Var f* = ||S^T phi*||^2``), plus the correction c(x*) where it is on. From the engine
+it also takes natural-gradient steps on q and the classification likelihoods.
 """
 from __future__ import annotations
 
@@ -13,103 +20,128 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..kernels import inverse_softplus
 from ..kernels.deep_basis import prior_variance
 from ..linalg import CORE
-from ._gaussian_q import gauss_kl_whitened
+from ._variational import VariationalGP
 from ._weight_space import maximise_over_noise
 from .base import PredictiveFactors, register
 from .dbk import DeepBasisModel, trace_penalty, variance_correction
+from .inducing import InducingFeatures
 
-__all__ = ["SVDBK"]
+__all__ = ["SVDBK", "BasisWeights"]
+
+
+class BasisWeights(InducingFeatures):
+    """The weights w ~ N(0, I_r) of ``f = phi^T w`` as inducing variables, on rows P [c, r] of basis values:
+    ``Kuu = I_r``, ``Kuf(P) = P^T`` [r, c] and ``Kff_diag(P) = ||p||^2`` [c]."""
+
+    def __init__(self, r: int):
+        super().__init__()
+        self.num_inducing = int(r)
+        self.register_buffer("identity", torch.eye(r, dtype=CORE), persistent=False)
+
+    def Kuu(self) -> Tensor:
+        return self.identity
+
+    def Kuf(self, P: Tensor) -> Tensor:
+        return P.T
+
+    def Kff_diag(self, P: Tensor) -> Tensor:
+        return prior_variance(P)
 
 
 @register("svdbk")
-class SVDBK(DeepBasisModel):
+class SVDBK(DeepBasisModel, VariationalGP):
     """Deep basis kernel GP with stochastic variational inference on w (SVDBK), trained on minibatches.
 
-    ``q(w) = N(m, L L^T)`` with ``L = tril(raw, -1) + diag(softplus(raw_diag))``, so diag(L) > 0 and log|L L^T| is
-    finite; it starts at the prior (m = 0, L = I). Each step costs O(b r^2). Prediction needs k_max over the whole
-    training set, which :meth:`fit_posterior` computes in one pass.
+    q(w) starts at the prior (m = 0, S = I). Each step costs O(b r^2) besides the network. Prediction needs k_max
+    over the whole training set, which :meth:`fit_posterior` computes in one pass.
 
-    Args: those of :class:`DeepBasisModel`.
+    Args:
+        natural_gradients: move q(w) by natural-gradient steps (default False: Adam on m and S with the rest, the
+            paper's training).
+        jitter: added to Kuu = I (default 0: the identity needs none).
+        whiten: only True: with Kuu = I the whitened q is q(w) itself.
+        **kwargs: those of :class:`DeepBasisModel` and the engine's ``natgrad_step``.
     """
 
-    def __init__(self, n_features: int, **kwargs):
-        super().__init__(n_features, **kwargs)
-        r = self.n_basis
-        # the correction's k_max is the maximum over the whole batch, which every part of it needs
-        self.data_parallel = "batch" if self.correction else "rows"
-        self.q_mu = nn.Parameter(torch.zeros(r))
-        self.q_sqrt_tril = nn.Parameter(torch.zeros(r, r))  # only the strict lower triangle is used
-        self.q_sqrt_diag = nn.Parameter(inverse_softplus(torch.ones(r)))
+    def __init__(self, n_features: int, *, natural_gradients: bool = False, jitter: float = 0.0, whiten: bool = True,
+                 **kwargs):
+        if whiten is not True:
+            raise ValueError(f"svdbk's q is over the weights w ~ N(0, I), for which whitening changes nothing: whiten "
+                             f"takes only True, got {whiten!r}.")
+        super().__init__(n_features, natural_gradients=natural_gradients, jitter=jitter, **kwargs)
+        self.features = BasisWeights(self.n_basis)
+        self.init_variational(self.n_basis)
+        self.register_load_state_dict_pre_hook(_q_sqrt_of_earlier_versions)
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         super().init(X, y, seed)
-        with torch.no_grad():  # q(w) = p(w), whatever an earlier fit left
-            self.q_mu.zero_()
-            self.q_sqrt_tril.zero_()
-            self.q_sqrt_diag.copy_(inverse_softplus(torch.ones_like(self.q_sqrt_diag)))
+        self.start_at_prior()  # whatever an earlier fit left
 
-    @property
-    def q_sqrt(self) -> Tensor:
-        """L [r, r], lower triangular with a positive diagonal."""
-        return torch.tril(self.q_sqrt_tril, -1) + torch.diag(nn.functional.softplus(self.q_sqrt_diag))
+    def prior_variance(self, X: Tensor) -> Tensor:
+        return prior_variance(self.kernel.basis(X))
 
-    def elbo_from_basis(self, Phi: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """Eq. 9 from basis rows Phi [b, r] and targets y [b] (float64 scalar):
-
-            (n / b) sum_i [log N(y_i | m^T phi_i, sigma^2) - ||L^T phi_i||^2 / (2 sigma^2)] - KL(q(w) || N(0, I)).
-        """
-        L = self.q_sqrt.to(Phi.dtype)
-        mean = Phi @ self.q_mu.to(Phi.dtype)  # [b]
-        # ||L^T phi_i||^2 as the squared norms of the rows phi_i^T L of Phi L (Phi L^T would give ||L phi_i||^2)
-        var = ((Phi @ L) ** 2).sum(-1)
-        expected = self.likelihood.expected_log_prob(y, mean, var).sum()
-        return (num_data / Phi.shape[0]) * expected.to(CORE) - gauss_kl_whitened(self.q_mu.to(CORE), L.to(CORE))
-
-    def elbo(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
+    # --- the objective: the engine's on the basis rows ----------------------------------------------------------
+    def elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor | None = None,
+             q_sqrt: Tensor | None = None) -> Tensor:
         """Unbiased minibatch estimate of the ELBO (eq. 8) of a set of ``num_data`` points; tight at q = p(w | y)."""
-        return self.elbo_from_basis(self.kernel.basis(X), y, num_data)
+        return self.basis_elbo(self.kernel.basis(X), y, num_data, q_mu, q_sqrt)
 
-    def objective(self, X: Tensor, y: Tensor, num_data: int) -> Tensor:
-        """The ELBO minus the batch trace penalty, or the ELBO without the correction."""
+    def basis_elbo(self, Phi: Tensor, y: Tensor, num_data: int, q_mu: Tensor | None = None,
+                   q_sqrt: Tensor | None = None) -> Tensor:
+        """The ELBO from the batch's basis rows Phi [b, r]."""
+        return super().elbo(Phi, y, num_data, q_mu, q_sqrt)
+
+    def objective(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0,
+                  q_mu: Tensor | None = None, q_sqrt: Tensor | None = None) -> Tensor:
+        """This process's part of ``ELBO - tr(C) / (2 sigma^2)`` (eq. 9 minus eq. 11's penalty, with the batch's
+        k_max), or the ELBO without the correction, for its ``share`` of a batch (see :meth:`GPModel.loss`)."""
         Phi = self.kernel.basis(X)
-        elbo = self.elbo_from_basis(Phi, y, num_data)
-        return elbo - self.penalty(Phi, num_data) if self.correction else elbo
+        elbo = self.basis_elbo(Phi, y, num_data, q_mu, q_sqrt)
+        return elbo - self.penalty_part(Phi, num_data, comm, share) if self.correction else elbo
 
     def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
-        if comm.world_size == 1:
-            return -self.objective(X, y, num_data) / num_data
-        return -self.objective_part(X, y, num_data, comm, share) / num_data
+        return -self.objective(X, y, num_data, comm, share, *self.q_for_loss()) / num_data
 
-    def objective_part(self, X: Tensor, y: Tensor, num_data: int, comm: Comm, share: float) -> Tensor:
-        """This process's part of :meth:`objective` for a batch split over processes, X [b_r, d] holding a
-        ``share`` b_r / B of its rows (possibly none): the parts, weighted by their shares, sum to the objective.
+    def penalty_part(self, Phi: Tensor, num_data: int, comm: Comm, share: float) -> Tensor:
+        """This process's part of the trace penalty of a batch whose basis rows are split over processes, Phi
+        [b_r, r] holding a ``share`` b_r / B of them (possibly none): the parts, weighted by their shares, sum to
+        the batch's penalty.
 
         k_max, the batch's maximum prior variance, comes from a forward all-gather. Its gradient is not
         differentiated through a collective, whose backward pass ranks with different graphs would interleave
-        differently with DistributedDataParallel's reductions. The objective's derivative with respect to k_max is
+        differently with DistributedDataParallel's reductions. The penalty's derivative with respect to k_max is
         N / (2 sigma^2) whatever the split, so the rank holding the maximum adds a zero-valued term with exactly
         that gradient through its own maximum."""
-        Phi = self.kernel.basis(X)
         k = prior_variance(Phi).to(CORE)
+        if comm.world_size == 1:
+            return trace_penalty(k, k.max(), self.noise.to(CORE), num_data)
         local_max = k.max() if k.numel() else torch.tensor(-math.inf, dtype=CORE, device=k.device)
         maxima = comm.all_gather(local_max.detach().reshape(1))
-        if not X.shape[0]:
+        if not k.numel():
             return torch.zeros((), dtype=CORE, device=k.device)
-        k_max, noise = maxima.max(), self.noise.to(CORE)
-        objective = self.elbo_from_basis(Phi, y, num_data) - trace_penalty(k, k_max, noise, num_data)
+        noise = self.noise.to(CORE)
+        penalty = trace_penalty(k, maxima.max(), noise, num_data)
         if comm.rank == int(maxima.argmax()):
-            objective = objective - num_data / (2 * noise.detach()) * (local_max - local_max.detach()) / share
-        return objective
+            penalty = penalty + num_data / (2 * noise.detach()) * (local_max - local_max.detach()) / share
+        return penalty
 
+    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+                              share: float = 1.0) -> None:
+        """The engine's step on q(w), from the batch's basis rows (the penalty does not depend on q)."""
+        if self.natural_gradients:
+            with torch.no_grad():
+                Phi = self.kernel.basis(X)
+            super().natural_gradient_step(Phi, y, num_data, comm, share)
+
+    # --- posterior ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         # q(w) is the posterior; the correction also needs the training k_max
         self.clear_cache()  # a previous calibration must not be the starting point of this one
+        super().fit_posterior(X, y, comm)
         self.record_training_box(X, comm)
-        self.cache.update(q_mu=self.q_mu.detach().to(CORE), q_sqrt=self.q_sqrt.detach().to(CORE))
         if not self.calibrate_noise:
             if self.correction:
                 self.cache["k_max"] = comm.all_reduce_max(self.max_prior_variance(X))
@@ -123,13 +155,13 @@ class SVDBK(DeepBasisModel):
 
     @torch.no_grad()
     def expected_squared_errors(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||L^T phi_i||^2`` and the prior variances
+        """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||S^T phi_i||^2`` and the prior variances
         ``k_i = ||phi_i||^2`` of the rows X [n, d], y [n]: two [n] float64 vectors, in one chunked pass."""
         errors, variances = [], []
         for Xc, yc in zip(X.split(self.chunk_size), y.split(self.chunk_size)):
             Phi = self.kernel.basis(Xc).to(CORE)
-            spread = ((Phi @ self.cache["q_sqrt"]) ** 2).sum(-1)
-            errors.append((yc.to(CORE) - Phi @ self.cache["q_mu"]) ** 2 + spread)
+            mean, var = super().predict_chunk(Phi)
+            errors.append((yc.to(CORE) - mean) ** 2 + var)
             variances.append(prior_variance(Phi))
         return torch.cat(errors), torch.cat(variances)
 
@@ -146,9 +178,31 @@ class SVDBK(DeepBasisModel):
 
         return maximise_over_noise(expected_log_likelihood_at, *bounds, grid_points=60)
 
-    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
-        """Mean ``m^T phi*`` and variance ``||L^T phi*||^2 + c(x*)`` (eq. 10 with sigma^2 -> sigma^2 + c(x*))."""
-        Phi = self.kernel.basis(X).to(CORE)  # [c, r]
-        return PredictiveFactors(Phi @ self.cache["q_mu"], None, (Phi @ self.cache["q_sqrt"]).T,
-                                 self.predictive_extra(Phi))
+    def predict_chunk(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """q(f) at the basis rows of X (the engine's), its variance plus c(x*) (eq. 10 with sigma^2 -> sigma^2 +
+        c(x*)); [c] or, with several latent functions, [c, C]."""
+        Phi = self.kernel.basis(X).to(CORE)
+        mean, var = super().predict_chunk(Phi)
+        extra = self.predictive_extra(Phi)
+        var = var + (extra if var.ndim == 1 else extra.unsqueeze(-1))
+        return mean.to(X.dtype), var.to(X.dtype)
 
+    def predictive_factors(self, X: Tensor) -> PredictiveFactors:
+        """Mean ``m^T phi*``, spread ``S^T phi*`` and c(x*): f lies in the span of the bases, so no prior term."""
+        Phi = self.kernel.basis(X).to(CORE)
+        factors = super().predictive_factors(Phi)
+        return PredictiveFactors(factors.mean, None, factors.spread, self.predictive_extra(Phi))
+
+    def set_extra_state(self, state: dict[str, Tensor]) -> None:
+        # model files from before SVDBK ran on the variational engine cached no factor of Kuu = I
+        if "q_mu" in state and "Lu" not in state:
+            state = {**state, "Lu": torch.eye(self.n_basis, dtype=CORE)}
+        super().set_extra_state(state)
+
+
+def _q_sqrt_of_earlier_versions(module: nn.Module, state: dict, prefix: str, *args) -> None:
+    """Model files of earlier versions kept S as a strict lower triangle and a softplus-transformed diagonal
+    (``q_sqrt_tril``, ``q_sqrt_diag``); today's keeps S itself (``q_sqrt_raw``, its lower triangle used)."""
+    tril, diag = state.pop(prefix + "q_sqrt_tril", None), state.pop(prefix + "q_sqrt_diag", None)
+    if tril is not None and diag is not None and prefix + "q_sqrt_raw" not in state:
+        state[prefix + "q_sqrt_raw"] = torch.tril(tril, -1) + torch.diag(nn.functional.softplus(diag))

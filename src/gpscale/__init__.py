@@ -3,7 +3,7 @@ from ._version import __version__
 from .estimator import GPClassifier, GPRegressor, load
 from .linalg import NotPSDError, NumericalWarning
 from .models import available_methods
-from .models.dbk import ExtrapolationWarning
+from .models._extrapolation import ExtrapolationWarning
 from .models.grief_i_chains import ConvergenceWarning
 
 

@@ -637,10 +637,10 @@ def test_defaults_follow_the_paper():
 
 @pytest.mark.parametrize("options, message", [
     (dict(network="transformer"), "network must be"),
-    (dict(n_basis=0), "n_basis to be a positive integer"),
-    (dict(depth=1.5), "depth to be a positive integer"),
+    (dict(n_basis=0), "n_basis .* must be an integer >= 1, got 0"),
+    (dict(depth=1.5), "depth .* must be an integer >= 1, got 1.5"),
     (dict(activation="sigmoid"), "activation must be one of"),
-    (dict(weight_decay=-1.0), "weight_decay >= 0"),
+    (dict(weight_decay=-1.0), "weight_decay .* must be a number >= 0"),
     (dict(kernel="matern32"), "takes no kernel"),
     (dict(lengthscale=0.3), "lengthscale belong to stationary kernels"),
     (dict(noise=1e-7), "above noise_floor"),

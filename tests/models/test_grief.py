@@ -651,12 +651,12 @@ def test_defaults_follow_the_paper():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(n_eigen=0), "n_eigen to be a positive integer"),
-    (dict(n_eigen=2.5), "n_eigen to be a positive integer"),
+    (dict(n_eigen=0), "n_eigen .* must be an integer >= 1"),
+    (dict(n_eigen=2.5), "n_eigen .* must be an integer >= 1"),
     (dict(grid_size=1), "grid_size"),
-    (dict(init_exact_points=-1), "init_exact_points to be a non-negative integer"),
-    (dict(init_iterations=0), "init_iterations to be a positive integer"),
-    (dict(jitter=-1.0), "jitter >= 0"),
+    (dict(init_exact_points=-1), "init_exact_points .* must be an integer >= 0"),
+    (dict(init_iterations=0), "init_iterations .* must be an integer >= 1"),
+    (dict(jitter=-1.0), "jitter .* must be a number >= 0"),
     (dict(init_noise="gpy"), "init_noise to be one of"),
     (dict(init_stretch=()), "init_stretch to be a non-empty sequence"),
     (dict(init_stretch=(1, 0)), "init_stretch to be a non-empty sequence"),

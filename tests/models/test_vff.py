@@ -143,8 +143,8 @@ def test_training_fits_and_warns_when_the_margin_is_too_small():
     (dict(kernel="rbf"), "need a Matérn kernel"),
     (dict(structure="product"), "not usable for D = 4"),
     (dict(structure="tensor"), "structure must be"),
-    (dict(margin=0.0), "margin must be positive"),
-    (dict(n_frequencies=0), "positive integer"),
+    (dict(margin=0.0), "margin .* must be a number > 0"),
+    (dict(n_frequencies=0), "n_frequencies .* must be an integer >= 1"),
     (dict(kernel=ProductMatern(4)), "needs a AdditiveMatern"),
 ])
 def test_bad_options_get_a_clear_error(options, message):

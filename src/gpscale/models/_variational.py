@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..linalg import CORE, cholesky, solve_lower
+from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
 from .base import GPModel, PredictiveFactors
@@ -69,8 +70,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
     def __init__(self, n_features: int, *, whiten: bool = True, jitter: float = 1e-6, natural_gradients: bool = True,
                  natgrad_step: float = 0.1, **kwargs):
         super().__init__(n_features, **kwargs)
-        if not 0 < natgrad_step <= 1:
-            raise ValueError(f"natgrad_step must be in (0, 1], got {natgrad_step}.")
+        check_options({"natgrad_step": natgrad_step, "jitter": jitter})
         if not isinstance(whiten, bool):
             raise ValueError(f"whiten must be True or False, got {whiten!r}.")
         self.whiten = whiten

@@ -49,23 +49,22 @@ so the decay acts against the per-point objective.
 """
 from __future__ import annotations
 
-import math
-import warnings
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._stack import user_stacklevel
 from ..distributed import LOCAL, Comm
 from ..kernels.deep_basis import (ACTIVATIONS, DEFAULT_DEPTH, NETWORKS, DeepBasisKernel, mlp, prior_variance,
                                    residual_mlp)
 from ..linalg import CORE
+from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from ._weight_space import accumulate, log_evidence, maximise_over_noise
+from ._extrapolation import warn_outside_box
 from .base import GPModel, register
 
-__all__ = ["DeepBasisModel", "DBK", "ExtrapolationWarning", "variance_correction", "trace_penalty"]
+__all__ = ["DeepBasisModel", "DBK", "variance_correction", "trace_penalty"]
 
 # --- the correction ------------------------------------------------------------------------------
 def variance_correction(k: Tensor, k_max: Tensor) -> Tensor:
@@ -87,11 +86,6 @@ def trace_penalty(k: Tensor, k_max: Tensor, noise: Tensor, num_data: int) -> Ten
     costly.
     """
     return (num_data / k.shape[0]) * (k_max - k).sum() / (2 * noise)
-
-
-class ExtrapolationWarning(UserWarning):
-    """Rows asked for at prediction lie outside the box of the training inputs, where a deep basis kernel's network
-    is unconstrained by data."""
 
 
 # --- what dbk and svdbk share -------------------------------------------------------------------------------------
@@ -221,40 +215,12 @@ class DeepBasisModel(GPModel):
         return variance_correction(prior_variance(Phi), self.cache["k_max"])
 
 
-def warn_outside_box(X: Tensor, lower: Tensor, upper: Tensor) -> None:
-    """Warn (:class:`ExtrapolationWarning`) when rows of X [n*, d] leave the box [lower, upper] (each [d]): how
-    many, and the largest excursion, in units of that feature's training range (a feature that was constant in
-    training has none: leaving its value counts as the largest excursion, reported as a distance)."""
-    excess = torch.maximum(lower - X, X - upper).clamp_min(0)  # [n*, d]
-    outside = (excess > 0).any(-1)
-    if not bool(outside.any()):
-        return
-    span = upper - lower
-    relative = (excess / span).nan_to_num(nan=0.0, posinf=math.inf)  # 0 / 0 inside a constant feature's value
-    worst = int(relative.amax(0).argmax())
-    if span[worst] > 0:
-        how_far = f"at most {float(relative[:, worst].max()):.3g} times feature {worst}'s training range beyond it"
-    else:
-        how_far = (f"feature {worst} took one value in training, and these rows lie up to "
-                   f"{float(excess[:, worst].max()):.3g} away from it")
-    warnings.warn(
-        f"{int(outside.sum())} of {X.shape[0]} rows lie outside the range of the training inputs ({how_far}). A "
-        "deep basis kernel is unconstrained by data there: the predicted mean can be far off while its variance "
-        "stays small. Check those predictions, or train on data that covers them.", ExtrapolationWarning,
-        stacklevel=user_stacklevel())
-
-
 def _check_options(*, n_basis, network, depth, width, activation, weight_decay, kernel, kwargs) -> None:
     if not isinstance(network, nn.Module) and network not in NETWORKS:
         raise ValueError(f"network must be 'mlp', 'resnet' or a torch.nn.Module, got {network!r}.")
-    sizes = [("n_basis", n_basis), ("width", width)] + ([] if depth is None else [("depth", depth)])
-    for name, value in sizes:
-        if int(value) != value or value < 1:
-            raise ValueError(f"Expected {name} to be a positive integer. Got {value!r}.")
+    check_options({"n_basis": n_basis, "width": width, "depth": depth, "weight_decay": weight_decay})
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}.")
-    if not weight_decay >= 0:
-        raise ValueError(f"Expected weight_decay >= 0. Got {weight_decay!r}.")
     if kernel not in (None, "rbf"):
         raise ValueError(f"A deep basis kernel is phi(x)^T phi(x'), set by the network option; it takes no "
                          f"kernel, got kernel={kernel!r}.")

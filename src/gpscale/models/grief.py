@@ -34,6 +34,7 @@ from torch import Tensor
 from ..kernels import RBF, Kernel
 from ..kernels.grid import cross_factors, factor_eigh, grid_factors, grid_points, grief_features, top_eigenvalues
 from ..linalg import CORE, cholesky, gram
+from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from .base import register
 from .grief_init import INIT_NOISE, INIT_STRETCH, initialise_from_exact_gp
@@ -199,19 +200,8 @@ class GRIEF(FeatureSpaceGP):
 
 def _check_options(*, n_eigen, grid_size, init_exact_points, init_iterations, jitter, init_noise, init_stretch,
                    kernel) -> None:
-    if n_eigen is not None and (int(n_eigen) != n_eigen or n_eigen < 1):
-        raise ValueError(f"Expected n_eigen to be a positive integer, or None for the paper's "
-                         f"min(1000, 10^floor(log10 n)). Got {n_eigen!r}.")
-    if int(grid_size) != grid_size or grid_size < 2:
-        raise ValueError(f"Expected grid_size (grid points per dimension; the paper uses 10) to be an integer "
-                         f">= 2. Got {grid_size!r}.")
-    if int(init_exact_points) != init_exact_points or init_exact_points < 0:
-        raise ValueError(f"Expected init_exact_points to be a non-negative integer (0 skips the exact-GP "
-                         f"initialisation). Got {init_exact_points!r}.")
-    if int(init_iterations) != init_iterations or init_iterations < 1:
-        raise ValueError(f"Expected init_iterations to be a positive integer. Got {init_iterations!r}.")
-    if not jitter >= 0:
-        raise ValueError(f"Expected jitter >= 0. Got {jitter!r}.")
+    check_options({"n_eigen": n_eigen, "grid_size": grid_size, "init_exact_points": init_exact_points,
+                   "init_iterations": init_iterations, "jitter": jitter})
     if init_noise not in INIT_NOISE:
         raise ValueError(f"Expected init_noise to be one of {INIT_NOISE} (the GRIEF evidence's maximiser at the "
                          f"initial theta, or the exact GP's sigma^2 as the paper). Got {init_noise!r}.")

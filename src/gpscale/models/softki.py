@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
 from ..linalg import CORE, cholesky
+from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from .base import register
 from .inducing import kmeans_centers
@@ -139,8 +140,7 @@ class SoftKI(FeatureSpaceGP):
                  noise: float = 1e-3, learn_noise: bool = False, **kwargs):
         super().__init__(n_features, ard=ard, noise=noise, learn_noise=learn_noise, **kwargs)
         self.set_engine_options(solver=solver, calibrate_noise=calibrate_noise)
-        if n_probes < 1:
-            raise ValueError(f"n_probes must be at least 1, got {n_probes}.")
+        check_options({"n_inducing": n_inducing, "n_probes": n_probes})
         self.n_inducing = int(n_inducing)
         self.n_probes = int(n_probes)
         self.Z = nn.Parameter(torch.zeros(self.n_inducing, self.n_features))

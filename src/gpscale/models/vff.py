@@ -30,6 +30,7 @@ from ..kernels.fourier import box_with_margin, row_kronecker, vff_Kuf, vff_Kuu
 from ..kernels.separable import AdditiveMatern, ProductMatern
 from ..operators import DiagPlusLowRank, Kronecker
 from ..linalg import CORE
+from ..options import check_options
 from ._linear import CollapsedGP
 from .decoupled import OrthogonallyDecoupledGP
 from .base import register
@@ -64,10 +65,7 @@ def _extra_kernel(kernel: str | Kernel | None, n_features: int, n_inducing: int)
 
 
 def _check_fourier_options(n_features: int, n_frequencies: int, structure: str, margin: float) -> None:
-    if int(n_frequencies) != n_frequencies or n_frequencies < 1:
-        raise ValueError(f"n_frequencies must be a positive integer, got {n_frequencies}.")
-    if not margin > 0:
-        raise ValueError(f"margin must be positive, got {margin}.")
+    check_options({"n_frequencies": n_frequencies, "margin": margin})
     if structure == "product" and n_features > 3:
         raise ValueError(f"structure='product' has (2F + 1)^D features: not usable for D = {n_features} > 3. "
                          "Use structure='additive'.")

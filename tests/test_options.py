@@ -2,6 +2,7 @@
 option of every registered method, and that the estimator checks it before touching the data."""
 import inspect
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from gpscale import GPRegressor
 from gpscale.models import available_methods, get_model_class
 from gpscale.models.base import option_default, option_names
-from gpscale.options import CONSTRAINTS, Constraint, check_options
+from gpscale.options import CONSTRAINTS, Constraint, check_options, constraints_table
 
 
 def _estimator_options() -> set[str]:
@@ -77,3 +78,8 @@ def test_the_estimator_refuses_a_bad_value_before_touching_the_data_and_keeps_it
     with pytest.raises(ValueError, match=message):
         reg.fit(X * 100, y + 50)  # would move the scaling, were it reached
     np.testing.assert_array_equal(reg.predict(X[:5]), before)
+
+
+def test_the_docs_list_the_table():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    assert page.endswith(constraints_table())

@@ -15,7 +15,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Constraint", "CONSTRAINTS", "check_options"]
+__all__ = ["Constraint", "CONSTRAINTS", "check_options", "constraints_table"]
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,8 @@ CONSTRAINTS: dict[str, Constraint] = {
     "period": _count("rotations of the longitude group"),
     "step": Constraint(True, low=1, means="the pixels of one roll of the image group"),
     "n_classes": _count("classes", low=2),
-    "init_exact_points": _count("rows of the exact GP that initialises the hyperparameters (0 skips it)", low=0),
-    "init_iterations": _count("L-BFGS iterations of that initialisation"),
+    "init_exact_points": _count("rows of the exact GP that starts GP-GRIEF's hyperparameters (0: none)", low=0),
+    "init_iterations": _count("L-BFGS iterations of GP-GRIEF's exact-GP initialisation"),
     "n_iterations": _count("MCMC iterations of each chain"),
     "burn_in": _count("MCMC iterations discarded", low=0),
     "thin": Constraint(True, low=1, means="the MCMC iterations per kept sample"),
@@ -130,3 +130,9 @@ def check_options(options: dict) -> None:
         if rule is None or value is None or rule.admits(value):
             continue
         raise ValueError(f"{name} ({rule.means}) must be {rule.describe()}, got {value!r}.")
+
+
+def constraints_table() -> str:
+    """:data:`CONSTRAINTS` as a markdown table (option, what it is, the values it takes), for the docs."""
+    rows = [f"| `{name}` | {rule.means} | {rule.describe()} |" for name, rule in sorted(CONSTRAINTS.items())]
+    return "\n".join(["| option | what it is | values |", "|---|---|---|", *rows]) + "\n"

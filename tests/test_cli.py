@@ -57,7 +57,41 @@ def test_fit_classify_then_predict_writes_labels_and_probabilities(tmp_path, tra
     assert isinstance(clf, GPClassifier) and clf.method_ == "svgp" and list(rows[0]) == ["label", "p_0.0", "p_1.0"]
     np.testing.assert_allclose([[float(r["p_0.0"]), float(r["p_1.0"])] for r in rows], clf.predict_proba(X),
                                rtol=1e-12)
-    assert [float(r["label"]) for r in rows] == clf.predict(X).tolist()
+    assert [r["label"] for r in rows] == clf.predict(X).tolist()  # the labels as the file wrote them
+
+
+@pytest.mark.parametrize("labels", [["cat", "dog"], [2, 5]])
+def test_the_classifier_takes_any_labels_and_writes_them_back_as_they_came(tmp_path, train_csv, labels):
+    path, X, y = train_csv
+    labelled = tmp_path / "labelled.csv"
+    given = [labels[int(v > np.median(y))] for v in y]
+    with open(labelled, "w", newline="", encoding="utf-8-sig") as f:  # with a byte-order mark, as Excel writes
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "label"])
+        w.writerows([[*x, label] for x, label in zip(X.tolist(), given)])
+    model, out = tmp_path / "c.gps", tmp_path / "out.csv"
+    assert main(["fit", str(labelled), "--target", "label", "--classify", "-o", str(model), "--n-inducing", "10",
+                 "--epochs", "3", "--batch-size", "40", "--quiet"]) == 0
+    assert main(["predict", str(model), str(labelled), "-o", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert list(rows[0]) == ["label", *(f"p_{label}" for label in sorted(map(str, labels)))]
+    assert {r["label"] for r in rows} <= set(map(str, labels))
+    from gpscale import load
+    assert load(model).metadata_["feature_names"] == ["a", "b", "c"]  # no byte-order mark in the first name
+
+
+def test_a_missing_label_and_a_missing_output_folder_are_refused_before_training(tmp_path, train_csv, capsys):
+    path, X, y = train_csv
+    labelled = tmp_path / "labelled.csv"
+    with open(labelled, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "label"])
+        w.writerows([[*x, "" if i == 5 else "yes" if v > 0.5 else "no"] for i, (x, v) in enumerate(zip(X.tolist(), y))])
+    argv = ["fit", str(labelled), "--target", "label", "--classify", "--quiet", "-o"]
+    assert main(argv + [str(tmp_path / "m.gps")]) == 2
+    assert "line 7, column 'label': the class label is missing" in capsys.readouterr().err
+    assert main(argv + [str(tmp_path / "no" / "m.gps")]) == 2
+    assert "the folder" in capsys.readouterr().err and not (tmp_path / "no").exists()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -72,7 +106,7 @@ def test_fit_classify_then_predict_writes_labels_and_probabilities(tmp_path, tra
 def test_errors_are_one_line_with_nonzero_exit(tmp_path, train_csv, capsys, args, message):
     path, _, _ = train_csv
     argv = [a.format(train=path, tmp=tmp_path) for a in args]
-    assert main(argv) == 1
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpscale: error:") and message in err and err.count("\n") == 1
 
@@ -93,7 +127,7 @@ def test_boolean_options_parse_strictly(tmp_path, train_csv, text, value):
 def test_non_numeric_cell_is_located(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text("a,y\n1,2\nx,3\n")
-    assert main(["fit", str(path), "--target", "y", "-o", str(tmp_path / "m.gps")]) == 1
+    assert main(["fit", str(path), "--target", "y", "-o", str(tmp_path / "m.gps")]) == 2
 
 
 def test_data_list_runs_without_a_data_folder(monkeypatch, capsys):
@@ -121,5 +155,5 @@ def test_step_time_times_a_minibatch_method_and_refuses_a_full_batch_one(capsys)
     assert main(["step-time", "odvff", "--d", "2", "--steps", "2", "--batch-size", "50",
                  "--option", "n_frequencies=3", "--option", "n_mean_inducing=5"]) == 0
     assert "CPU s per step" in capsys.readouterr().out
-    assert main(["step-time", "sgpr", "--d", "2"]) == 1
+    assert main(["step-time", "sgpr", "--d", "2"]) == 2
     assert "trains full batch" in capsys.readouterr().err

@@ -227,6 +227,21 @@ def test_shards_cover_the_global_rows_in_rank_order():
     assert Shard.of(10, LOCAL) == Shard(offset=0, n=10, n_global=10)
 
 
+def _classes_worker(rank, port, out):
+    from gpscale.estimator import _global_classes
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    mine = [np.array(["dog", "cat", "dog"], dtype=object), np.array(["émeu", "ant", "cat"], dtype=object)][rank]
+    torch.save(_global_classes(mine, TorchComm()).tolist(), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_string_labels_held_by_different_ranks_give_every_rank_all_the_classes(tmp_path):
+    spawn(_classes_worker, free_port(), str(tmp_path / "classes"))
+    for rank in range(WORLD):
+        assert torch.load(f"{tmp_path / 'classes'}.{rank}") == ["ant", "cat", "dog", "émeu"]
+
+
 def _bench_worker_failing_on_rank_1(rank, port, out):
     from gpscale.bench import runner
     from gpscale.bench.protocols import get_protocol

@@ -1,3 +1,8 @@
+import hashlib
+import io
+import json
+import struct
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +12,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 import gpscale
 from gpscale import GPRegressor
-from gpscale.io import ModelFileError
+from gpscale.io import FORMAT_VERSION, MAGIC, ModelFileError, read_model_file
 
 
 def data(n=120, d=3, seed=0):
@@ -104,6 +109,56 @@ def test_corrupt_truncated_and_foreign_files_give_clear_errors(tmp_path):
         GPRegressor.load(tmp_path / "foreign.gps")
     with pytest.raises(ModelFileError, match="no such model file"):
         GPRegressor.load(tmp_path / "missing.gps")
+
+
+class NotATensor:
+    """An object that weights_only unpickling refuses, as a model file's payload must never need."""
+
+
+def _sealed(header_bytes: bytes, payload: bytes, version: int = FORMAT_VERSION) -> bytes:
+    """A model file with a valid checksum around whatever header and payload bytes it is given."""
+    body = b"".join([MAGIC, struct.pack("<I", version), struct.pack("<Q", len(header_bytes)), header_bytes,
+                     struct.pack("<Q", len(payload)), payload])
+    return body + hashlib.sha256(body).digest()
+
+
+def test_files_with_a_valid_checksum_but_unreadable_contents_or_from_a_newer_gpscale_are_refused(tmp_path):
+    X, y = data()
+    reg = GPRegressor(epochs=2, n_inducing=8, progress=False).fit(X, y)
+    reg.save(tmp_path / "good.gps")
+    header, tensors = read_model_file(tmp_path / "good.gps")
+    payload = io.BytesIO()
+    torch.save(tensors, payload)
+
+    hostile = io.BytesIO()
+    torch.save({"model": NotATensor()}, hostile)
+    cases = {
+        "not JSON": (_sealed(b"{not json", payload.getvalue()), "cannot be read"),
+        "not an object": (_sealed(b"[1, 2]", payload.getvalue()), "not a JSON object"),
+        "pickled objects": (_sealed(json.dumps(header).encode(), hostile.getvalue()), "cannot be read"),
+        "newer major version": (_sealed(json.dumps({**header, "gpscale_version": "99.0.0"}).encode(),
+                                        payload.getvalue()), "gpscale 99.0.0, a newer major version"),
+        "newer format": (_sealed(json.dumps(header).encode(), payload.getvalue(), FORMAT_VERSION + 1),
+                         "newer than this gpscale reads"),
+    }
+    for name, (raw, message) in cases.items():
+        (tmp_path / "bad.gps").write_bytes(raw)
+        with pytest.raises(ModelFileError, match=message):
+            GPRegressor.load(tmp_path / "bad.gps")
+
+
+def test_a_save_clears_the_temporary_files_of_a_save_killed_mid_write(tmp_path):
+    X, y = data()
+    reg = GPRegressor(epochs=2, n_inducing=8, progress=False).fit(X, y)
+    stale = tmp_path / ".m.gps.abc123.tmp"
+    stale.write_bytes(b"half a model")
+    other = tmp_path / ".other.gps.abc123.tmp"  # another file's: not this save's to remove
+    other.write_bytes(b"")
+    reg.save(tmp_path / "m.gps")
+    assert not stale.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.gps.abc123.tmp", "m.gps"]
+    with pytest.raises(FileNotFoundError, match="the folder .* does not exist"):
+        reg.save(tmp_path / "missing" / "m.gps")
 
 
 def test_save_before_fit_is_an_error(tmp_path):

@@ -1,6 +1,7 @@
 """The ``gpscale`` command: fit and predict from CSV files, run benchmarks, list and download datasets.
 
-Errors are reported as one line on stderr with a non-zero exit status (1: bad input or data, 2: bad usage).
+Every error a user can cause (bad usage, options, data or files) is one line on stderr, ``gpscale: error: ...``, with
+exit status 2, as argparse's own usage errors; an interrupt (Ctrl-C) exits 130.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"gpscale: error: {message}", file=sys.stderr)
-        return 1
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,17 +135,20 @@ def _fit(args) -> None:
 
     from .distributed import LOCAL, TorchComm, process_device
     from .estimator import GPClassifier, GPRegressor
+    from .io import check_writable
 
     options = _parse_options(args.option, typed=True)
+    check_writable(args.output)  # before training, not after
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
-    names, table = _read_csv(args.data, shard=(comm.rank, comm.world_size))
+    names, table = _read_csv(args.data, shard=(comm.rank, comm.world_size),
+                             text_column=args.target if args.classify else None)
     if args.target not in names:
         raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
     target = names.index(args.target)
     features = [n for i, n in enumerate(names) if i != target]
-    X, y = np.delete(table, target, axis=1), table[:, target]
+    X, y = np.delete(table, target, axis=1).astype(np.float64), table[:, target]
     common = dict(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs, max_steps=args.max_steps,
                   batch_size=args.batch_size, lr=args.lr, kernel=args.kernel, val_fraction=args.val_fraction,
                   seed=args.seed, dtype=args.dtype, device=device, progress=not args.quiet,
@@ -167,15 +171,11 @@ def _fit(args) -> None:
 
 def _predict(args) -> None:
     from .estimator import GPClassifier, load
+    from .io import check_writable
 
+    check_writable(args.output)
     reg = load(args.model)
-    names, table = _read_csv(args.data)
-    wanted = reg.metadata_.get("feature_names")
-    if wanted is not None:
-        missing = [n for n in wanted if n not in names]
-        if missing:
-            raise ValueError(f"{args.data} lacks the model's feature columns: {', '.join(missing)}.")
-        table = table[:, [names.index(n) for n in wanted]]
+    _, table = _read_csv(args.data, columns=reg.metadata_.get("feature_names"))  # other columns are not read
     if isinstance(reg, GPClassifier):  # the most probable label, then each class's probability
         proba = reg.predict_proba(table)
         header = ["label", *(f"p_{c}" for c in reg.classes_.tolist())]
@@ -266,34 +266,54 @@ def _data_download(args) -> None:
     print(f"saved {path}")
 
 
-def _read_csv(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[list[str], np.ndarray]:
-    """Header names and a float64 table; non-numeric or missing cells are reported with their position.
+def _read_csv(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | None = None,
+              columns: list[str] | None = None) -> tuple[list[str], np.ndarray]:
+    """Header names and a float64 table; non-numeric or missing cells are reported with their position. A UTF-8
+    byte-order mark before the header is not part of the first name.
 
-    ``shard=(rank, world_size)``: only that process's contiguous block of the data rows is parsed (the blocks of
-    ranks 0, 1, ... in order are the file's rows), so each process holds only its part in memory.
+    ``columns``: only these, in this order (default: all). ``text_column`` (class labels) is kept as the text of
+    its cells, so the table is then an object array; a missing label is an error. ``shard=(rank, world_size)``:
+    only that process's contiguous block of the data rows is parsed (the blocks of ranks 0, 1, ... in order are the
+    file's rows), so each process holds only its part in memory.
     """
     from .shards import row_blocks
 
     rank, world_size = shard
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         n_rows = sum(1 for _ in csv.reader(f)) - 1
     if n_rows < 1:
         raise ValueError(f"{path} needs a header row and at least one data row.")
     first, last = row_blocks(n_rows, world_size)[rank:rank + 2]
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         names = [n.strip() for n in next(reader)]
         rows = [row for i, row in enumerate(reader) if first <= i < last]
-    table = np.empty((len(rows), len(names)))
+    missing = [n for n in columns or () if n not in names]
+    if missing:
+        raise ValueError(f"{path} lacks the columns {', '.join(missing)}; its columns: {', '.join(names)}.")
+    read = [names.index(n) for n in columns] if columns is not None else list(range(len(names)))
+    text = names.index(text_column) if text_column in names else -1
+    table = np.empty((len(rows), len(read)), dtype=object if text >= 0 else np.float64)
     for i, row in enumerate(rows, start=first + 2):
         if len(row) != len(names):
             raise ValueError(f"{path}, line {i}: {len(row)} cells, but the header has {len(names)}.")
-        for j, cell in enumerate(row):
-            try:
-                table[i - 2 - first, j] = float(cell)
-            except ValueError:
-                raise ValueError(f"{path}, line {i}, column {names[j]!r}: {cell!r} is not a number.") from None
-    return names, table
+        for k, j in enumerate(read):
+            parse = _label if j == text else _number
+            table[i - 2 - first, k] = parse(path, i, names[j], row[j])
+    return [names[j] for j in read], table
+
+
+def _number(path: Path, line: int, column: str, cell: str) -> float:
+    try:
+        return float(cell)
+    except ValueError:
+        raise ValueError(f"{path}, line {line}, column {column!r}: {cell!r} is not a number.") from None
+
+
+def _label(path: Path, line: int, column: str, cell: str) -> str:
+    if not cell.strip():
+        raise ValueError(f"{path}, line {line}, column {column!r}: the class label is missing.")
+    return cell.strip()
 
 
 def _step_time(args) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
 import os
 import sys
@@ -569,6 +570,7 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         """Train on X (n, d) and labels y (n,). Returns self."""
         self._check_settings()
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=2, dtype=np.float64)
+        _check_labels(y)
         check_classification_targets(y)
         comm = self._comm()
         classes = _global_classes(y, comm)
@@ -671,10 +673,20 @@ def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
     classes = np.unique(y)
     if comm.world_size == 1:
         return classes
-    if not np.issubdtype(classes.dtype, np.number):
-        raise ValueError("Under distributed=True the labels must be numbers (each process holds some of them); "
-                         f"got {classes.dtype}. Encode them as integers first.")
-    return np.unique(comm.all_gather(torch.as_tensor(classes, dtype=torch.float64)).numpy()).astype(classes.dtype)
+    if np.issubdtype(classes.dtype, np.number):
+        return np.unique(comm.all_gather(torch.as_tensor(classes, dtype=torch.float64)).numpy()).astype(classes.dtype)
+    # labels of any other kind travel as one line of JSON per process
+    line = torch.tensor(list(json.dumps([str(c) for c in classes]).encode("utf-8") + b"\n"), dtype=torch.uint8)
+    lines = bytes(comm.all_gather(line).tolist()).decode("utf-8").splitlines()
+    return np.unique(np.asarray([label for text in lines for label in json.loads(text)]))
+
+
+def _check_labels(y: np.ndarray) -> None:
+    """Refuse a missing label (None or NaN), which no class can stand for."""
+    missing = np.asarray([v is None or (isinstance(v, float) and math.isnan(v)) for v in y.ravel().tolist()])
+    if missing.any():
+        raise ValueError(f"y holds {int(missing.sum())} missing label(s) (None or NaN), the first at row "
+                         f"{int(missing.argmax())}: drop those rows or give them a class.")
 
 
 def _class_targets(y: np.ndarray, classes: np.ndarray, likelihood: str) -> np.ndarray:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ModelFileError", "write_model_file", "read_model_file", "FORMAT_VERSION"]
+from ._version import __version__
+
+__all__ = ["ModelFileError", "write_model_file", "read_model_file", "check_writable", "FORMAT_VERSION"]
 
 MAGIC = b"GPSCALE\x00"
 FORMAT_VERSION = 1
@@ -42,7 +44,10 @@ def write_model_file(path: str | os.PathLike, header: dict, tensors: dict) -> No
         struct.pack("<Q", len(payload)), payload,
     ])
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+    check_writable(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a save that was killed mid-write
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(body + hashlib.sha256(body).digest())
@@ -52,6 +57,18 @@ def write_model_file(path: str | os.PathLike, header: dict, tensors: dict) -> No
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise OSError unless a file can be written at ``path``: checked before work whose result goes there."""
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give a file name to write.")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{path}: the folder {folder} does not exist; create it first.")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"{path}: the folder {folder} is not writable.")
 
 
 def read_model_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
@@ -76,12 +93,30 @@ def read_model_file(path: str | os.PathLike, map_location: str | torch.device = 
         raise ModelFileError(f"{path} uses model-file format {version}, newer than this gpscale reads "
                              f"({FORMAT_VERSION}): upgrade gpscale.")
     offset += 4
-    (header_len,) = struct.unpack_from("<Q", body, offset)
-    offset += 8
-    header = json.loads(body[offset:offset + header_len].decode("utf-8"))
-    offset += header_len
-    (payload_len,) = struct.unpack_from("<Q", body, offset)
-    offset += 8
-    tensors = torch.load(io.BytesIO(body[offset:offset + payload_len]), map_location=map_location,
-                         weights_only=True)
+    try:
+        (header_len,) = struct.unpack_from("<Q", body, offset)
+        offset += 8
+        header = json.loads(body[offset:offset + header_len].decode("utf-8"))
+        offset += header_len
+        (payload_len,) = struct.unpack_from("<Q", body, offset)
+        offset += 8
+        tensors = torch.load(io.BytesIO(body[offset:offset + payload_len]), map_location=map_location,
+                             weights_only=True)
+    except Exception as err:  # noqa: BLE001 - whatever the bytes hold, the file is unreadable, and says so
+        raise ModelFileError(f"{path} has a valid checksum but cannot be read ({type(err).__name__}: {err}); it "
+                             "was not written by gpscale's save, or by an incompatible version.") from err
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path} holds a header that is not a JSON object; it was not written by gpscale.")
+    _check_major_version(path, header.get("gpscale_version"))
     return header, tensors
+
+
+def _check_major_version(path: Path, written_by) -> None:
+    """Refuse a file written by a newer major version of gpscale, whose model state this one may misread."""
+    try:
+        theirs, ours = int(str(written_by).split(".")[0]), int(__version__.split(".")[0])
+    except ValueError:  # no version recorded (or not a number): the format version above decides
+        return
+    if theirs > ours:
+        raise ModelFileError(f"{path} was written by gpscale {written_by}, a newer major version than this one "
+                             f"({__version__}): upgrade gpscale to read it.")

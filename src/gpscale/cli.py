@@ -221,8 +221,11 @@ def _bench(args) -> None:
     print()
     print(print_table(runs))
     report = write_report(path, out, protocol=protocol.name)
-    print(f"\nresults: {path}\nreport:  {report}\nplots:   {', '.join(str(p) for p in sorted(out.glob('*.png')))}")
+    plots = ", ".join(str(p) for p in sorted(out.glob("*.png"))) or "none"
+    print(f"\nresults: {path}\nreport:  {report}\nplots:   {plots}")
     print(f"wall time: {time.perf_counter() - tic:.0f} s")
+    if runs and all(r["status"] != "ok" for r in runs):
+        raise RuntimeError(f"every one of the {len(runs)} runs failed; {report} lists their errors.")
 
 
 def _report(args) -> None:

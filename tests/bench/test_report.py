@@ -186,6 +186,21 @@ def test_report_with_one_method_and_only_failures(tmp_path, protocol):
                for p in ("accuracy.png", "pareto.png", "calibration.png"))
 
 
+def test_a_report_of_runs_that_all_failed_says_so_with_their_errors_and_drops_stale_plots(tmp_path, protocol):
+    rng = np.random.default_rng(2)
+    path, out = tmp_path / "failed.sqlite", tmp_path / "out"
+    out.mkdir()
+    (out / "accuracy.png").write_bytes(PNG_SIGNATURE)  # from an earlier report of other runs
+    results = ResultsStore(path)
+    for method, error in (("sgpr", "ValueError: n_inducing must be >= 1"), ("svgp", "MemoryError: planted")):
+        results.append(dict(record(method, "pol", 0, rng), status="error", error=error, rmse=None, nlpd=None))
+    text = write_report(path, out).read_text(encoding="utf-8")
+    assert "**Every one of the 2 runs failed**" in text and "## Plots" not in text
+    assert "pol / sgpr, split 0, seed 0: ValueError: n_inducing must be >= 1" in text
+    assert "pol / svgp, split 0, seed 0: MemoryError: planted" in text
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"]
+
+
 def test_report_rejects_a_missing_or_empty_store(tmp_path):
     with pytest.raises(ValueError, match="No results file"):
         write_report(tmp_path / "missing.sqlite", tmp_path)

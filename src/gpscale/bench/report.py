@@ -266,9 +266,12 @@ def _markdown(runs: list[dict], summary: list[dict]) -> str:
     lines = ["# gpscale benchmark report", "", "Means ± standard deviations over splits and seeds; the lowest "
              "mean RMSE and NLPD in bold; *time vs GPyTorch* is the ratio of seconds per epoch to the GPyTorch "
              "peer's, measured in the same run.", "", "## Environment", "", *_environment(runs), ""]
-    for name in _unique(r["protocol"] for r in runs):
+    if not summary:
+        lines += [f"**Every one of the {len(runs)} runs failed**: no scores and no plots. Their errors follow.", ""]
+    for name in _unique(r["protocol"] for r in runs) if summary else ():
         lines += _protocol_section(name, [r for r in runs if r["protocol"] == name], summary)
-    lines += ["## Plots", ""] + [line for file, title in PLOTS.items() for line in (f"![{title}]({file})", "")]
+    if summary:
+        lines += ["## Plots", ""] + [line for file, title in PLOTS.items() for line in (f"![{title}]({file})", "")]
     lines += ["## Failed runs", "", *_failures(runs), ""]
     return "\n".join(lines)
 
@@ -390,7 +393,10 @@ def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: 
                                                                           else "."))
     summary = summarise(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_plots(summary, out_dir)
+    for file in PLOTS:  # plots of an earlier report would describe other runs
+        (out_dir / file).unlink(missing_ok=True)
+    if summary:  # runs that scored: a report of failures alone has nothing to plot
+        _write_plots(summary, out_dir)
     report = out_dir / "report.md"
     report.write_text(_markdown(runs, summary), encoding="utf-8")
     return report

@@ -157,3 +157,29 @@ def test_step_time_times_a_minibatch_method_and_refuses_a_full_batch_one(capsys)
     assert "CPU s per step" in capsys.readouterr().out
     assert main(["step-time", "sgpr", "--d", "2"]) == 2
     assert "trains full batch" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_a_fit_leaves_a_checkpoint_that_resumes_to_the_uninterrupted_model(tmp_path, train_csv):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, X, _ = train_csv
+    checkpoint = tmp_path / "state.pt"
+    argv = [sys.executable, "-m", "gpscale", "fit", str(path), "--target", "target", "--method", "svgp",
+            "--n-inducing", "10", "--batch-size", "8", "--epochs", "400", "--quiet", "--checkpoint", str(checkpoint)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(argv + ["-o", str(tmp_path / "m.gps")], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 130, err
+    assert "run the same command with --resume" in err and not (tmp_path / "m.gps").exists()
+    subprocess.run(argv + ["--resume", "-o", str(tmp_path / "m.gps")], env=env, check=True)
+    subprocess.run(argv[:-2] + ["-o", str(tmp_path / "whole.gps")], env=env, check=True)
+    from gpscale import load
+    np.testing.assert_array_equal(load(tmp_path / "m.gps").predict(X), load(tmp_path / "whole.gps").predict(X))

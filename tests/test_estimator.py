@@ -416,3 +416,20 @@ def test_a_method_accepts_only_the_engine_options_it_honours():
         GPRegressor(method="sgpr", calibrate_noise="variance", epochs=1, progress=False).fit(X, y)
     with pytest.raises(ValueError, match="calibrate_noise must be True or False for method 'dbk'"):
         GPRegressor(method="dbk", calibrate_noise="variance", epochs=1, progress=False).fit(X, y)
+
+
+def test_the_estimator_checkpoints_and_resumes_to_the_uninterrupted_fit(tmp_path):
+    X, y = data()
+    state = tmp_path / "state.pt"
+    settings = dict(method="svgp", n_inducing=8, batch_size=16, progress=False)
+    GPRegressor(epochs=3, checkpoint=state, **settings).fit(X, y)  # stopped after 3 epochs
+    resumed = GPRegressor(epochs=6, checkpoint=state, resume=True, **settings).fit(X, y)
+    whole = GPRegressor(epochs=6, **settings).fit(X, y)
+    np.testing.assert_array_equal(resumed.predict(X), whole.predict(X))
+    assert resumed.fit_result_.epochs_run == 6
+    resumed.save(tmp_path / "m.gps")  # the checkpoint's path is an option like any other
+    assert GPRegressor.load(tmp_path / "m.gps").checkpoint == str(state)
+    with pytest.raises(FileNotFoundError, match="the folder .* does not exist"):
+        GPRegressor(epochs=2, checkpoint=tmp_path / "no" / "state.pt", **settings).fit(X, y)
+    with pytest.raises(ValueError, match="resume=True continues from a checkpoint"):
+        GPRegressor(epochs=2, resume=True, **settings).fit(X, y)

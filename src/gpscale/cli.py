@@ -28,7 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         return 0
     except KeyboardInterrupt:
-        print("gpscale: interrupted", file=sys.stderr)
+        checkpoint = getattr(args, "checkpoint", None)
+        if checkpoint is not None and Path(checkpoint).exists():
+            print(f"gpscale: interrupted; the last finished epoch is in {checkpoint}: run the same command with "
+                  "--resume to continue from it", file=sys.stderr)
+        else:
+            print("gpscale: interrupted", file=sys.stderr)
         return 130
     except (ValueError, OSError, RuntimeError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -71,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", action="store_true",
                    help="data-parallel under torchrun: each process reads and trains on its block of the rows; "
                         "rank 0 writes the model (see docs/distributed.md)")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="write the training state here after every epoch (full-batch methods then train with "
+                        "Adam: L-BFGS keeps no state to resume)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
     p.set_defaults(run=_fit)
 
     p = sub.add_parser("predict", help="predict with a saved model; writes mean and std columns")
@@ -139,6 +148,8 @@ def _fit(args) -> None:
 
     options = _parse_options(args.option, typed=True)
     check_writable(args.output)  # before training, not after
+    if args.resume and args.checkpoint is None:
+        raise ValueError("--resume continues from a checkpoint: pass --checkpoint PATH too.")
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
@@ -152,7 +163,7 @@ def _fit(args) -> None:
     common = dict(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs, max_steps=args.max_steps,
                   batch_size=args.batch_size, lr=args.lr, kernel=args.kernel, val_fraction=args.val_fraction,
                   seed=args.seed, dtype=args.dtype, device=device, progress=not args.quiet,
-                  distributed=args.distributed, **options)
+                  distributed=args.distributed, checkpoint=args.checkpoint, resume=args.resume, **options)
     if args.classify:
         if args.optimizer not in (None, "adam"):
             raise ValueError("--classify trains with Adam on minibatches; drop --optimizer.")

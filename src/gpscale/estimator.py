@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._version import __version__
 from .defaults import Choice, choose_method, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm
-from .io import ModelFileError, read_model_file, write_model_file
+from .io import ModelFileError, check_writable, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import cholesky
 from .models import available_methods, get_model_class
@@ -67,7 +67,8 @@ class _GPEstimator(BaseEstimator):
     _task = ""  # "regression" or "classification", for method="auto"
 
     def __init__(self, method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
-                 patience, val_every, seed, dtype, device, progress, distributed, method_options: dict):
+                 patience, val_every, seed, dtype, device, progress, distributed, checkpoint, resume,
+                 method_options: dict):
         self.method = method
         self.n_inducing = n_inducing
         self.epochs = epochs
@@ -84,6 +85,8 @@ class _GPEstimator(BaseEstimator):
         self.device = device
         self.progress = progress
         self.distributed = distributed
+        self.checkpoint = checkpoint
+        self.resume = resume
         self._method_options = tuple(sorted(method_options))
         for name, value in method_options.items():
             setattr(self, name, value)
@@ -117,6 +120,10 @@ class _GPEstimator(BaseEstimator):
         """What ``fit`` checks before touching the data: the values of the options (:mod:`gpscale.options`), the
         method, the scaling, the dtype and the device."""
         check_options(self.get_params(deep=False))
+        if self.checkpoint is not None:
+            check_writable(self.checkpoint)
+        if self.resume and self.checkpoint is None:
+            raise ValueError("resume=True continues from a checkpoint: pass checkpoint=PATH too.")
         if self.method != "auto":
             get_model_class(self.method)  # an unknown method says which exist
         if self.x_scaling not in SCALINGS:
@@ -149,8 +156,8 @@ class _GPEstimator(BaseEstimator):
         result = fit(model, torch.tensor(x_scale.apply(X), dtype=dtype, device=device),
                      torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
                      batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction, patience=self.patience,
-                     val_every=self.val_every, seed=self.seed,
-                     progress=self.progress, comm=comm, **training)
+                     val_every=self.val_every, seed=self.seed, progress=self.progress, checkpoint=self.checkpoint,
+                     resume=self.resume, comm=comm, **training)
         seconds = time.perf_counter() - tic
         settings = result.settings
         training = {"trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
@@ -428,6 +435,12 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         own shard of the rows; the scaling statistics and n are global, and the fitted model equals the
         one-process fit on all rows (see :func:`gpscale.train.fit` for what is supported). :meth:`save` writes
         on rank 0 only.
+    checkpoint : str, path or None, default=None
+        A file the training state is written to (atomically) after every epoch; its folder is checked before any
+        work. With ``resume=True`` a fit continues from it when it exists, to the model an uninterrupted fit
+        gives. A checkpoint makes a full-batch method train with Adam, since L-BFGS keeps no state to resume.
+    resume : bool, default=False
+        Continue from ``checkpoint`` if it exists (else start afresh).
     **method_options
         Passed to the method (e.g. ``jitter``, ``solver``, ``learn_inducing``, ``ard``, ``chunk_size``,
         ``calibrate_noise``); an option the fitted method does not take is an error at ``fit``.
@@ -448,13 +461,14 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
                  optimizer=None, kernel=None, noise=None, learn_noise=None, x_scaling="standard", normalize_y=True,
                  val_fraction=0.0, patience=None, val_every=1, seed=0, dtype="float64", device="cpu", progress=True,
-                 distributed=False, **method_options):
+                 distributed=False, checkpoint=None, resume=False, **method_options):
         self.optimizer = optimizer
         self.noise = noise
         self.learn_noise = learn_noise
         self.normalize_y = normalize_y
         super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
-                         patience, val_every, seed, dtype, device, progress, distributed, method_options)
+                         patience, val_every, seed, dtype, device, progress, distributed, checkpoint, resume,
+                         method_options)
 
     @_all_or_nothing
     def fit(self, X, y):
@@ -536,18 +550,18 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     Two classes use the probit (Bernoulli) likelihood, more the robust-max one (or ``likelihood="softmax"``),
     each through the method's expected log-likelihood. Labels may be any values that ``numpy.unique`` sorts
-    (numbers under ``distributed=True``); X is standardised per column with training statistics.
+    (strings or numbers, also under ``distributed=True``); X is standardised per column with training statistics.
 
     Parameters
     ----------
     method : str, default="auto"
         A method whose objective takes a non-Gaussian likelihood: ``"svgp"``, ``"hvgp"``, ``"odvgp"``,
-        ``"odvff"``, ``"vff-svgp"``; the others say so. ``"auto"``: ``"svgp"``.
+        ``"odvff"``, ``"vff-svgp"``, ``"svdbk"``; the others say so. ``"auto"``: ``"svgp"``.
     likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
         None: "bernoulli" for two classes, "robustmax" for more.
     n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction, patience, val_every, seed, dtype,
-    device, progress, distributed, **method_options : as for :class:`GPRegressor` (validation scores the NLPD of the
-        held-out labels).
+    device, progress, distributed, checkpoint, resume, **method_options : as for :class:`GPRegressor` (validation
+        scores the NLPD of the held-out labels).
 
     Attributes
     ----------
@@ -560,10 +574,12 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
                  kernel=None, likelihood=None, x_scaling="standard", val_fraction=0.0, patience=None, val_every=1,
-                 seed=0, dtype="float64", device="cpu", progress=True, distributed=False, **method_options):
+                 seed=0, dtype="float64", device="cpu", progress=True, distributed=False, checkpoint=None,
+                 resume=False, **method_options):
         self.likelihood = likelihood
         super().__init__(method, n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction,
-                         patience, val_every, seed, dtype, device, progress, distributed, method_options)
+                         patience, val_every, seed, dtype, device, progress, distributed, checkpoint, resume,
+                         method_options)
 
     @_all_or_nothing
     def fit(self, X, y):
@@ -735,6 +751,8 @@ def _jsonable(params: dict) -> dict:
             out[name] = {"tuple": list(value)}
         elif isinstance(value, _SCALARS) or scalar_sequence(value):
             out[name] = value
+        elif isinstance(value, os.PathLike):  # a checkpoint's path
+            out[name] = os.fspath(value)
         else:
             raise ValueError(f"Cannot save option {name}={value!r}: a model file holds str/int/float/bool/None "
                              "options, lists of them and gpscale kernels, never pickled objects. Pass the option "

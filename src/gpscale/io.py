@@ -20,7 +20,8 @@ import torch
 
 from ._version import __version__
 
-__all__ = ["ModelFileError", "write_model_file", "read_model_file", "check_writable", "FORMAT_VERSION"]
+__all__ = ["ModelFileError", "write_model_file", "read_model_file", "check_writable", "write_atomically",
+           "FORMAT_VERSION"]
 
 MAGIC = b"GPSCALE\x00"
 FORMAT_VERSION = 1
@@ -43,14 +44,21 @@ def write_model_file(path: str | os.PathLike, header: dict, tensors: dict) -> No
         struct.pack("<Q", len(header_bytes)), header_bytes,
         struct.pack("<Q", len(payload)), payload,
     ])
+    write_atomically(path, lambda f: f.write(body + hashlib.sha256(body).digest()))
+
+
+def write_atomically(path: str | os.PathLike, write) -> None:
+    """Call ``write(f)`` on a temporary file beside ``path`` and move it into place: ``path`` holds either its
+    earlier content or the whole new one, whatever interrupts the write. The temporary file goes on failure, and
+    those of writes killed outright (SIGKILL, power loss) go at the next write to the same path."""
     path = Path(path)
     check_writable(path)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a save that was killed mid-write
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(body + hashlib.sha256(body).digest())
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

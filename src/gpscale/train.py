@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from . import lbfgs
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .distributed import LOCAL, Comm, broadcast_state
+from .io import check_writable, write_atomically
 from .linalg import NotPSDError
 from .models.base import GPModel
 
@@ -163,6 +164,8 @@ def fit(
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)
+    if checkpoint is not None and comm.rank == 0:
+        check_writable(checkpoint)  # before the first epoch, not after it
     state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
     if state is None:
         if comm.rank == 0:
@@ -509,10 +512,7 @@ def _save_checkpoint(path, model, optimiser, scheduler, generator, history, best
         "history": history,
         "best": best,
     }
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: torch.save(state, f))
 
 
 def _load_checkpoint(path) -> dict:

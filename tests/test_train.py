@@ -297,3 +297,16 @@ def test_a_schedule_needs_a_fixed_number_of_epochs():
     X, y = toy_regression(n=20)
     with pytest.raises(ValueError, match="schedule='cosine' anneals over a fixed number of epochs"):
         fit(SVGP(2, n_inducing=4).double(), X, y, schedule="cosine", progress=False)
+
+
+def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_global_rows_beyond(monkeypatch):
+    from gpscale import train
+
+    X, y = toy_regression(n=50)
+    Xi, yi = train.initialisation_rows(X, y, seed=0)
+    assert Xi is X and yi is y
+    monkeypatch.setattr(train, "INIT_ROWS", 20)
+    Xi, yi = train.initialisation_rows(X, y, seed=3)
+    rows = torch.randperm(50, generator=torch.Generator().manual_seed(3))[:20].sort().values
+    torch.testing.assert_close(Xi, X[rows], rtol=0, atol=0)
+    torch.testing.assert_close(yi, y[rows], rtol=0, atol=0)

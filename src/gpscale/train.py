@@ -27,7 +27,7 @@ from .io import check_writable, write_atomically
 from .linalg import NotPSDError
 from .models.base import GPModel
 
-__all__ = ["fit", "FitResult", "TrainingError", "OPTIMIZERS"]
+__all__ = ["initialisation_rows", "fit", "FitResult", "TrainingError", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adam", "lbfgs")
 
@@ -136,7 +136,8 @@ def fit(
         checkpoint: a file written (atomically) after every epoch; with ``resume=True`` training continues
             from it when it exists.
         comm: the processes of a data-parallel job (:mod:`gpscale.distributed`), each passing its own shard of
-            the rows as (X, y). The model is initialised on rank 0's shard and broadcast; every epoch draws one
+            the rows as (X, y). The model is initialised on rank 0 from :func:`initialisation_rows` (the same
+            rows whatever the number of processes) and broadcast; every epoch draws one
             permutation of the global rows (the same on every rank) and cuts it into global batches of
             ``batch_size``, of which each rank evaluates the rows it holds; the ranks' losses, weighted by their
             share of the batch, sum to the one-process loss, and DistributedDataParallel sums their gradients.
@@ -168,8 +169,9 @@ def fit(
         check_writable(checkpoint)  # before the first epoch, not after it
     state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
     if state is None:
+        X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
         if comm.rank == 0:
-            model.initialise(X_fit, y_fit, seed=seed)
+            model.initialise(X_init, y_init, seed=seed)
         broadcast_state(model, comm)
         # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
         torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
@@ -443,6 +445,24 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
         optimiser.step()
         total += global_loss.item()
     return total / len(batches)
+
+
+INIT_ROWS = 200_000  # the most rows a model's initialisation (k-means, PCA, a data box) sees
+
+
+def initialisation_rows(X: Tensor, y: Tensor, seed: int, comm: Comm = LOCAL) -> tuple[Tensor, Tensor]:
+    """The rows a model is initialised on, gathered from every process's shard (X [n_r, d], y [n_r]), the same
+    for any number of processes, so that 1 and N processes start from the same model: every row, in global order,
+    up to :data:`INIT_ROWS`; beyond, a sample of that many drawn by global row index (seeded), in order."""
+    shard = Shard.of(X.shape[0], comm)
+    if shard.n_global <= INIT_ROWS:
+        if comm.world_size == 1:
+            return X, y
+        rows = torch.arange(shard.n_global)
+    else:
+        draw = torch.randperm(shard.n_global, generator=torch.Generator().manual_seed(seed))
+        rows = draw[:INIT_ROWS].sort().values
+    return _gather_batch(X, y, rows, shard, comm)
 
 
 def _gather_batch(X: Tensor, y: Tensor, rows: Tensor, shard: Shard, comm: Comm) -> tuple[Tensor, Tensor]:

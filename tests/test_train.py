@@ -10,6 +10,7 @@ from gpscale.linalg import NotPSDError
 from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
 from gpscale.defaults import Convergence
+from gpscale.models import get_model_class
 from gpscale.train import TrainingError, _LinesPerMinute, _Plateau, fit, progress_bar
 
 
@@ -310,3 +311,11 @@ def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_glob
     rows = torch.randperm(50, generator=torch.Generator().manual_seed(3))[:20].sort().values
     torch.testing.assert_close(Xi, X[rows], rtol=0, atol=0)
     torch.testing.assert_close(yi, y[rows], rtol=0, atol=0)
+
+
+def test_a_fit_that_leaves_the_objective_far_worse_than_it_began_is_an_error_not_a_model():
+    X, y = toy_regression(n=100)
+    model = get_model_class("exact")(2).double()
+    with pytest.raises(TrainingError, match="objective worse, from .* to .*Lower the learning rate \\(lr=10.0\\)"):
+        fit(model, X, y, epochs=50, lr=10.0, progress=False)
+    fit(get_model_class("exact")(2).double(), X, y, epochs=50, lr=0.1, progress=False)  # a sane lr trains

@@ -200,9 +200,23 @@ def fit(
             model.load_state_dict(initial)
             _perturb(model, generator, scale=0.1 * (attempt + 1))
             result, state = FitResult(settings=settings, restarts=attempt + 1), None
+    _check_improved(result)
     model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _check_improved(result: FitResult) -> None:
+    """Raise :class:`TrainingError` when training left the objective (per data point) worse than its first epoch
+    by more than 1 nat and more than its size: the optimiser diverged, and the model it left is degenerate (an
+    exact GP at lr 10 ended with a constant predictive std of 1e-3 and a training loss of 1.3e5, from 0.85)."""
+    if len(result.history) < 2:
+        return
+    first, last = result.history[0]["loss"], result.history[-1]["loss"]
+    if last - first > max(1.0, abs(first)):
+        lr = result.settings.lr if result.settings is not None else None
+        raise TrainingError(f"training made the objective worse, from {first:.4g} in its first epoch to {last:.4g} "
+                            f"at the end: the optimiser diverged. Lower the learning rate (lr={lr}).")
 
 
 class _Plateau:

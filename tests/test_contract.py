@@ -194,3 +194,32 @@ def test_a_classifier_gives_probabilities_and_saves(tmp_path, method):
     assert set(clf.predict(X)) <= {"no", "yes"} and list(clf.classes_) == ["no", "yes"]
     clf.save(tmp_path / "clf.gps")
     np.testing.assert_array_equal(gpscale.load(tmp_path / "clf.gps").predict_proba(X), p)
+
+
+def _awkward_data():
+    """Data sets that break naive code: no noise at all, every row twice, inputs at 1e8, a constant column, two
+    rows."""
+    X, y = data(n=40)
+    Xc = X.copy()
+    Xc[:, 1] = 3.0
+    yield "noiseless", X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2
+    yield "duplicated rows", np.r_[X[:20], X[:20]], np.r_[y[:20], y[:20]]
+    yield "inputs at 1e8", X * 1e8, y
+    yield "a constant column", Xc, y
+    yield "two rows", X[:2], y[:2]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("method", METHODS)
+def test_awkward_data_gives_finite_predictions_or_a_clear_error(method, dtype):
+    """The numerical stress matrix: every method and dtype on each awkward data set predicts a finite mean and std,
+    or refuses with a ValueError or RuntimeError (NotPSDError, TrainingError) that says what went wrong."""
+    for name, X, y in _awkward_data():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mean, std = regressor(method, dtype=dtype, epochs=2).fit(X, y).predict(X, return_std=True)
+        except (ValueError, RuntimeError) as err:
+            assert len(str(err)) > 40, f"{name}: {err!r}"
+            continue
+        assert np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all(), name

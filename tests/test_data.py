@@ -433,7 +433,7 @@ def test_cli_data_download_fetches_and_reports_errors_in_one_line(upstream, tmp_
     dest = tmp_path / "data"
     assert main(["data", "download", "cli", "--data-dir", str(dest), "--base-url", base_url]) == 0
     assert (dest / "uci" / "cli.npz").exists() and "saved" in capsys.readouterr().out
-    assert main(["data", "download", "absent", "--data-dir", str(dest), "--base-url", base_url]) == 1
+    assert main(["data", "download", "absent", "--data-dir", str(dest), "--base-url", base_url]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpscale: error:") and "404" in err and err.count("\n") == 1
 

@@ -312,3 +312,50 @@ def test_the_benchmark_runs_under_torchrun_and_rank_0_records(tmp_path):
         assert runs[method]["rmse"] < 0.5
     assert runs["gpytorch-svgp"]["status"] == "error" and "one process" in runs["gpytorch-svgp"]["error"]
     assert done.stdout.count("gpscale bench: protocol quick") == 1
+
+
+def _pid_of_rank(rank: int, marker: str) -> int | None:
+    """The pid of the torchrun worker of ``rank`` whose command line contains ``marker`` (from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+            environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if marker in cmdline and f"RANK={rank}".encode() in environ:
+            return int(entry)
+    return None
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker's pid in /proc")
+def test_a_rank_killed_mid_training_stops_the_job_with_no_model_written(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    X, y, _ = data()
+    table = tmp_path / "train.csv"
+    np.savetxt(table, np.c_[X.numpy(), y.numpy()], delimiter=",", header="a,b,y", comments="")
+    model, state = tmp_path / "model.gps", tmp_path / "state.pt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+               "-m", "gpscale", "fit", str(table), "--target", "y", "--method", "svgp", "--n-inducing", "6",
+               "--epochs", "100000", "--batch-size", "8", "--quiet", "--distributed", "--checkpoint", str(state),
+               "-o", str(model)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while not state.exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # training has begun on both ranks once rank 0 has written a checkpoint
+        victim = _pid_of_rank(1, str(model))
+        assert victim is not None and job.poll() is None
+        os.kill(victim, signal.SIGKILL)
+        _, err = job.communicate(timeout=180)  # bounded: torchrun stops rank 0 when rank 1 dies
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0 and not model.exists()
+    # torchrun names the root cause: "rank : 1 (local_rank: 1) exitcode : -9 ... Signal 9 (SIGKILL)"
+    assert "local_rank: 1" in err and ("Signal 9" in err or "exitcode: -9" in err), err[-2000:]

@@ -210,7 +210,7 @@ def _check_improved(result: FitResult) -> None:
     """Raise :class:`TrainingError` when training left the objective (per data point) worse than its first epoch
     by more than 1 nat and more than its size: the optimiser diverged, and the model it left is degenerate (an
     exact GP at lr 10 ended with a constant predictive std of 1e-3 and a training loss of 1.3e5, from 0.85)."""
-    if len(result.history) < 2:
+    if len(result.history) < 2 or result.best_epoch is not None:  # validation kept the best epoch's parameters
         return
     first, last = result.history[0]["loss"], result.history[-1]["loss"]
     if last - first > max(1.0, abs(first)):

@@ -224,3 +224,23 @@ def test_set_noise_sets_sigma2_and_holds_it_above_the_floor():
     assert model.noise.item() == pytest.approx(0.0123, rel=1e-12)
     model.likelihood.set_noise(torch.tensor(1e-9))  # below the floor: held at it, with a finite raw value
     assert model.noise.item() == pytest.approx(1e-4, rel=1e-12) and torch.isfinite(model.likelihood.raw_noise)
+
+
+def test_the_qr_evidence_has_finite_gradients_when_features_repeat_across_rows():
+    """A constant input column makes VFF's features of that column equal on every row: a chunk's QR of them alone
+    is rank deficient, and its gradient NaN. The prior rows go first, so every QR has full column rank and the QR
+    evidence's gradient equals the Cholesky one."""
+    from gpscale.models import get_model_class
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 3, generator=g, dtype=torch.float64) * 4 - 2
+    X[:, 1] = 0.0
+    y = torch.sin(2 * X[:, 0]) + 0.1 * torch.randn(40, generator=g, dtype=torch.float64)
+    gradients = {}
+    for solver in ("qr", "cholesky"):
+        model = get_model_class("vff")(3, n_frequencies=6, solver=solver).double()
+        model.initialise(X, y)
+        model.loss(X, y, 40).backward()
+        gradients[solver] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.isfinite(gradients["qr"]).all()
+    torch.testing.assert_close(gradients["qr"], gradients["cholesky"], rtol=1e-8, atol=1e-10)

@@ -122,7 +122,11 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
                 prior_diag: FeatureMap | None = None, comm: Comm = LOCAL) -> Collapsed:
     """Posterior by streamed QR of ``[Phi / sigma, y / sigma; I, 0]``: stable for any noise level.
 
-    The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``.
+    The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``. The prior rows come first,
+    ``[I, 0] / sqrt(W)`` on each of the W processes (their stack contributes I to R^T R), so that every factorisation
+    is of a matrix of full column rank: rows of features that are linearly dependent (a constant input column makes
+    some features equal on every row) would otherwise make a chunk's QR, whose gradient needs a non-zero diagonal
+    of R, return NaN gradients.
     """
     sigma = noise.to(CORE).sqrt()
     qr = StreamingQR()
@@ -132,13 +136,15 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
         feature_trace = feature_trace + (Phi**2).sum()
         if prior_diag is not None:
             prior_trace = prior_trace + prior_diag(Xc).sum().to(CORE)
+        if qr.R is None:
+            r = Phi.shape[1]
+            qr.update(torch.eye(r, r + 1, dtype=CORE, device=X.device) / math.sqrt(comm.world_size))
         qr.update(torch.cat([Phi, yc.to(CORE).unsqueeze(-1)], dim=1) / sigma)
     R = qr.R
     if comm.world_size > 1:  # TSQR across processes: the R of the ranks' stacked R factors
         R = qr_r(comm.all_gather(R))
         feature_trace, prior_trace = comm.all_reduce_sum(feature_trace), comm.all_reduce_sum(prior_trace)
     r = R.shape[1] - 1
-    R = qr_r(torch.cat([R, torch.eye(r, r + 1, dtype=CORE, device=X.device)]))  # the prior rows [I, 0], once
     n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
     return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=n,
                      feature_trace=feature_trace, prior_trace=prior_trace)

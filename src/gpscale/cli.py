@@ -148,8 +148,6 @@ def _fit(args) -> None:
 
     options = _parse_options(args.option, typed=True)
     check_writable(args.output)  # before training, not after
-    if args.resume and args.checkpoint is None:
-        raise ValueError("--resume continues from a checkpoint: pass --checkpoint PATH too.")
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)

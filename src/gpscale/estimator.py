@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._version import __version__
 from .defaults import Choice, choose_method, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm
-from .io import ModelFileError, check_writable, read_model_file, write_model_file
+from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import cholesky
 from .models import available_methods, get_model_class
@@ -120,10 +120,6 @@ class _GPEstimator(BaseEstimator):
         """What ``fit`` checks before touching the data: the values of the options (:mod:`gpscale.options`), the
         method, the scaling, the dtype and the device."""
         check_options(self.get_params(deep=False))
-        if self.checkpoint is not None:
-            check_writable(self.checkpoint)
-        if self.resume and self.checkpoint is None:
-            raise ValueError("resume=True continues from a checkpoint: pass checkpoint=PATH too.")
         if self.method != "auto":
             get_model_class(self.method)  # an unknown method says which exist
         if self.x_scaling not in SCALINGS:

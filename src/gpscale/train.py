@@ -165,6 +165,9 @@ def fit(
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)
+    if resume and checkpoint is None:
+        raise ValueError("resume=True continues from a checkpoint: pass checkpoint=PATH (--checkpoint PATH on the "
+                         "command line) too.")
     if checkpoint is not None and comm.rank == 0:
         check_writable(checkpoint)  # before the first epoch, not after it
     state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None

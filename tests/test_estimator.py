@@ -1,18 +1,13 @@
-import hashlib
-import io
-import json
-import struct
 
 import numpy as np
 import pytest
 import torch
 from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import check_estimator
 
 import gpscale
 from gpscale import GPRegressor
-from gpscale.io import FORMAT_VERSION, MAGIC, ModelFileError, read_model_file
+from gpscale.io import ModelFileError
 
 
 def data(n=120, d=3, seed=0):
@@ -49,121 +44,12 @@ def test_method_options_are_parameters_and_survive_clone():
     assert reg.solver == "cholesky"
 
 
-def test_unknown_method_and_unknown_option_say_what_exists():
-    X, y = data(30)
-    with pytest.raises(ValueError, match="Available methods: .*exact, .*sgpr, .*svgp"):
-        GPRegressor(method="magic", epochs=1).fit(X, y)
-    with pytest.raises(ValueError, match="has no option 'n_inducing_pts'.*options:"):
-        GPRegressor(method="sgpr", epochs=1, n_inducing_pts=3).fit(X, y)
-
-
-@pytest.mark.parametrize("make_bad, message", [
-    (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 4, np.nan, X), y), "NaN"),
-    (lambda X, y: (X, np.where(np.arange(y.size) == 3, np.inf, y)), "infinity|inf"),
-    (lambda X, y: (X[:, 0], y), "2D array"),
-    (lambda X, y: (X, y[:-1]), "inconsistent numbers of samples"),
-    (lambda X, y: (X[:1], y[:1]), "1 sample"),
-    (lambda X, y: (X, np.full_like(y, 3.0)), "constant"),
-])
-def test_bad_training_input_gets_a_clear_error(make_bad, message):
-    X, y = data(30)
-    with pytest.raises(ValueError, match=message):
-        GPRegressor(epochs=1).fit(*make_bad(X, y))
-
-
-def test_predict_errors_unfitted_and_wrong_feature_count():
-    X, y = data(30)
-    with pytest.raises(NotFittedError):
-        GPRegressor().predict(X)
-    reg = GPRegressor(epochs=1, n_inducing=5, progress=False).fit(X, y)
-    with pytest.raises(ValueError, match="X has 2 features, but GPRegressor is expecting 3"):
-        reg.predict(X[:, :2])
-    with pytest.raises(ValueError, match="NaN"):
-        reg.predict(np.full((2, 3), np.nan))
-
-
 def test_method_options_are_saved(tmp_path):
     X, y = data()
     reg = GPRegressor(method="sgpr", epochs=2, n_inducing=8, solver="qr", progress=False).fit(X, y)
     reg.save(tmp_path / "m.gps")
     loaded = GPRegressor.load(tmp_path / "m.gps")
     assert loaded.solver == "qr" and loaded.model_.solver == "qr"
-
-
-def test_corrupt_truncated_and_foreign_files_give_clear_errors(tmp_path):
-    X, y = data()
-    reg = GPRegressor(epochs=2, n_inducing=8, progress=False).fit(X, y)
-    good = tmp_path / "good.gps"
-    reg.save(good)
-    raw = good.read_bytes()
-    (tmp_path / "truncated.gps").write_bytes(raw[: len(raw) // 2])
-    flipped = bytearray(raw)
-    flipped[len(raw) // 2] ^= 0xFF
-    (tmp_path / "flipped.gps").write_bytes(bytes(flipped))
-    (tmp_path / "foreign.gps").write_bytes(b"PK\x03\x04 this is a zip, not a model")
-    with pytest.raises(ModelFileError, match="truncated|corrupt"):
-        GPRegressor.load(tmp_path / "truncated.gps")
-    with pytest.raises(ModelFileError, match="corrupt"):
-        GPRegressor.load(tmp_path / "flipped.gps")
-    with pytest.raises(ModelFileError, match="not a gpscale model file"):
-        GPRegressor.load(tmp_path / "foreign.gps")
-    with pytest.raises(ModelFileError, match="no such model file"):
-        GPRegressor.load(tmp_path / "missing.gps")
-
-
-class NotATensor:
-    """An object that weights_only unpickling refuses, as a model file's payload must never need."""
-
-
-def _sealed(header_bytes: bytes, payload: bytes, version: int = FORMAT_VERSION) -> bytes:
-    """A model file with a valid checksum around whatever header and payload bytes it is given."""
-    body = b"".join([MAGIC, struct.pack("<I", version), struct.pack("<Q", len(header_bytes)), header_bytes,
-                     struct.pack("<Q", len(payload)), payload])
-    return body + hashlib.sha256(body).digest()
-
-
-def test_files_with_a_valid_checksum_but_unreadable_contents_or_from_a_newer_gpscale_are_refused(tmp_path):
-    X, y = data()
-    reg = GPRegressor(epochs=2, n_inducing=8, progress=False).fit(X, y)
-    reg.save(tmp_path / "good.gps")
-    header, tensors = read_model_file(tmp_path / "good.gps")
-    payload = io.BytesIO()
-    torch.save(tensors, payload)
-
-    hostile = io.BytesIO()
-    torch.save({"model": NotATensor()}, hostile)
-    cases = {
-        "not JSON": (_sealed(b"{not json", payload.getvalue()), "cannot be read"),
-        "not an object": (_sealed(b"[1, 2]", payload.getvalue()), "not a JSON object"),
-        "pickled objects": (_sealed(json.dumps(header).encode(), hostile.getvalue()), "cannot be read"),
-        "newer major version": (_sealed(json.dumps({**header, "gpscale_version": "99.0.0"}).encode(),
-                                        payload.getvalue()), "gpscale 99.0.0, a newer major version"),
-        "newer format": (_sealed(json.dumps(header).encode(), payload.getvalue(), FORMAT_VERSION + 1),
-                         "newer than this gpscale reads"),
-    }
-    for name, (raw, message) in cases.items():
-        (tmp_path / "bad.gps").write_bytes(raw)
-        with pytest.raises(ModelFileError, match=message):
-            GPRegressor.load(tmp_path / "bad.gps")
-
-
-def test_a_save_clears_the_temporary_files_of_a_save_killed_mid_write(tmp_path):
-    X, y = data()
-    reg = GPRegressor(epochs=2, n_inducing=8, progress=False).fit(X, y)
-    stale = tmp_path / ".m.gps.abc123.tmp"
-    stale.write_bytes(b"half a model")
-    other = tmp_path / ".other.gps.abc123.tmp"  # another file's: not this save's to remove
-    other.write_bytes(b"")
-    reg.save(tmp_path / "m.gps")
-    assert not stale.exists() and other.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.gps.abc123.tmp", "m.gps"]
-    with pytest.raises(FileNotFoundError, match="the folder .* does not exist"):
-        reg.save(tmp_path / "missing" / "m.gps")
-
-
-def test_save_before_fit_is_an_error(tmp_path):
-    with pytest.raises(NotFittedError):
-        GPRegressor().save(tmp_path / "x.gps")
 
 
 # --- the scikit-learn surface -----------------------------------------------------------------------------------
@@ -217,50 +103,11 @@ def test_every_method_option_is_a_parameter_for_set_params_clone_and_grid_search
     assert options.best_estimator_.model_.kernel.ard == options.best_params_["ard"]
 
 
-def test_an_option_the_chosen_method_does_not_take_is_an_error_at_fit():
-    X, y = data(40)
-    with pytest.raises(ValueError, match="Method 'exact' has no option 'solver'"):
-        GPRegressor(method="exact", solver="qr", progress=False).fit(X, y)
-    with pytest.raises(ValueError, match="method='auto' chose 'exact' .* which has no option 'solver'"):
-        GPRegressor(solver="qr", progress=False).fit(X, y)
-    with pytest.raises(ValueError, match="ard must be True or False for method 'exact', got 'maybe'"):
-        GPRegressor(method="exact", ard="maybe", progress=False).fit(X, y)
-
-
-def test_a_failed_refit_leaves_the_fitted_model_as_it_was():
-    X, y = data()
-    reg = GPRegressor(method="exact", progress=False).fit(X, y)
-    before = reg.predict(X[:5], return_std=True)
-    reg.set_params(method="magic")
-    with pytest.raises(ValueError, match="Unknown method 'magic'"):
-        reg.fit(X * 100, y * 50 + 3)
-    reg.set_params(method="exact")
-    np.testing.assert_array_equal(reg.predict(X[:5], return_std=True), before)
-
-
 @pytest.mark.parametrize("dtype", ["float32", torch.float32, np.float32, np.dtype("float32")])
 def test_dtype_takes_names_and_torch_and_numpy_dtypes(dtype):
     X, y = data(50)
     reg = GPRegressor(method="svgp", dtype=dtype, epochs=2, n_inducing=5, progress=False).fit(X, y)
     assert reg.model_.q_mu.dtype == torch.float32 and reg.dtype is dtype
-
-
-@pytest.mark.parametrize("options, message", [
-    (dict(dtype="float16"), "dtype must be 'float64' or 'float32'"),
-    (dict(dtype=torch.int64), "dtype must be"),
-    (dict(device="gpu"), "device='gpu' is not a device name"),
-    (dict(device="tpu"), "not a device name|gpscale runs on"),
-])
-def test_bad_dtype_and_device_are_refused_before_any_work(options, message):
-    X, y = data(30)
-    with pytest.raises(ValueError, match=message):
-        GPRegressor(**options).fit(X, y)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_cuda_without_cuda_says_so_in_gpscales_words():
-    with pytest.raises(ValueError, match="device='cuda', but this machine has no CUDA device"):
-        GPRegressor(device="cuda").fit(*data(30))
 
 
 # --- the joint predictive ---------------------------------------------------------------------------------------
@@ -289,14 +136,12 @@ def test_return_cov_equals_the_dense_formula_for_the_exact_gp():
     np.testing.assert_allclose(std_latent**2 + noise.item() * reg.y_std_**2, std**2, rtol=1e-8)
 
 
-def test_return_cov_has_a_size_guard_and_does_not_combine_with_return_std(monkeypatch):
+def test_return_cov_has_a_size_guard(monkeypatch):
     X, y = data(40)
     reg = GPRegressor(method="exact", progress=False).fit(X, y)
     monkeypatch.setattr(gpscale.estimator, "COV_MAX_ROWS", 10)
     with pytest.raises(ValueError, match="X has 11 rows: a joint covariance of more than 10 rows"):
         reg.predict(X[:11], return_cov=True)
-    with pytest.raises(ValueError, match="return_std or return_cov, not both"):
-        reg.predict(X[:3], return_std=True, return_cov=True)
 
 
 @pytest.mark.parametrize("latent", [False, True])

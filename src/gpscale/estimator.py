@@ -20,12 +20,12 @@ from .defaults import Choice, choose_method, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
-from .linalg import cholesky
+from .linalg import NotPSDError, cholesky
 from .models import available_methods, get_model_class
 from .models.base import GPModel, option_default, option_names
 from .options import check_options
 from .scaling import SCALINGS, fit_scaling
-from .train import fit
+from .train import TrainingError, fit
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "COV_MAX_ROWS", "resolve_dtype", "check_device",
            "boolean_options"]
@@ -39,16 +39,18 @@ SIZES_CAPPED_BY_ROWS = ("n_inducing", "n_mean_inducing", "n_extra_inducing")
 
 def _all_or_nothing(fit_method):
     """A ``fit`` that fails or is interrupted (an error, Ctrl-C) leaves the estimator's attributes as they were:
-    a model fitted earlier keeps its own scaling and classes."""
+    a model fitted earlier keeps its own scaling and classes. The error carries a note saying so."""
 
     @functools.wraps(fit_method)
     def wrapper(self, *args, **kwargs):
         before = dict(vars(self))
         try:
             return fit_method(self, *args, **kwargs)
-        except BaseException:
+        except BaseException as error:
             vars(self).clear()
             vars(self).update(before)
+            kept = "keeps the model it had before this call" if "model_" in before else "stays unfitted"
+            error.add_note(f"{type(self).__name__}.fit did not finish; the estimator {kept}.")
             raise
 
     return wrapper
@@ -149,21 +151,39 @@ class _GPEstimator(BaseEstimator):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
         max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
-        result = fit(model, torch.tensor(x_scale.apply(X), dtype=dtype, device=device),
-                     torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
-                     batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction, patience=self.patience,
-                     val_every=self.val_every, seed=self.seed, progress=self.progress, checkpoint=self.checkpoint,
-                     resume=self.resume, comm=comm, **training)
+        try:
+            result = fit(model, torch.tensor(x_scale.apply(X), dtype=dtype, device=device),
+                         torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
+                         batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction,
+                         patience=self.patience, val_every=self.val_every, seed=self.seed, progress=self.progress,
+                         checkpoint=self.checkpoint, resume=self.resume, comm=comm, **training)
+        except (NotPSDError, TrainingError) as error:
+            given = self._given_hyperparameters(options)
+            if given:
+                error.args = (f"{error.args[0]} The hyperparameters given ({given}) may be the cause: they apply to "
+                              "the standardised data, so values far from 1 make the covariance singular or the "
+                              "objective steep; fit without them to start from the data, or use dtype='float64'.",
+                              *error.args[1:])
+            raise
         seconds = time.perf_counter() - tic
         settings = result.settings
         training = {"trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
                     "max_steps": settings.max_steps, "steps": result.steps, "converged": result.converged,
                     "final_objective": result.final_loss, "seconds": seconds}
-        for name, value in {**fitted, "x_mean_": x_scale.shift, "x_std_": x_scale.scale, "rank_": comm.rank,
+        for name, value in {**fitted, "x_mean_": x_scale.shift, "x_std_": x_scale.scale, "dtype_": dtype,
+                            "device_": device, "rank_": comm.rank,
                             "method_": choice.method, "method_reason_": choice.reason, "fit_result_": result,
                             "training_": training, "training_seconds_": seconds, "model_options_": options,
                             "model_": model}.items():
             setattr(self, name, value)
+
+    def _given_hyperparameters(self, options: dict) -> str:
+        """The initial hyperparameter values the caller gave (not left to start from the data), as one phrase."""
+        given = [f"{name}={options[name]:.3g}" for name in ("lengthscale", "outputscale", "noise")
+                 if isinstance(options.get(name), (int, float))]
+        if options.get("learn_noise") is False:
+            given.append("learn_noise=False")
+        return ", ".join(given)
 
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
@@ -203,7 +223,7 @@ class _GPEstimator(BaseEstimator):
         for name, value in posterior_options.items():
             setattr(model, name, value)
         model.check_posterior_options()
-        dtype, device = resolve_dtype(self.dtype), torch.device(self.device)
+        dtype, device = self.dtype_, self.device_
         with torch.no_grad():
             model.fit_posterior(torch.tensor((X - self.x_mean_) / self.x_std_, dtype=dtype, device=device),
                                 torch.tensor(targets, dtype=dtype, device=device), self._comm())
@@ -275,8 +295,7 @@ class _GPEstimator(BaseEstimator):
         """X after the checks every predict method makes, standardised, as a tensor (call without autograd)."""
         check_is_fitted(self, "model_")
         X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
-        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=resolve_dtype(self.dtype),
-                         device=torch.device(self.device))
+        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=self.dtype_, device=self.device_)
         self.model_.check_inputs(X)
         return X
 
@@ -297,7 +316,8 @@ class _GPEstimator(BaseEstimator):
         check_is_fitted(self, "model_")
         if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
             return
-        params = {**self.get_params(), "dtype": _dtype_name(resolve_dtype(self.dtype))}
+        # the model's own dtype and device, whatever set_params has changed since the fit
+        params = {**self.get_params(), "dtype": _dtype_name(self.dtype_), "device": str(self.device_)}
         header = {
             "kind": type(self).__name__,
             "gpscale_version": __version__,
@@ -337,7 +357,8 @@ class _GPEstimator(BaseEstimator):
             # cast before loading: load_state_dict copies into the parameters' current dtype
             model.to(dtype=resolve_dtype(est.dtype), device=torch.device(est.device))
             model.load_state_dict(tensors["model"])
-            device = torch.device(est.device)  # a list holds per-device factors (HVGP's placed blocks)
+            device = est.device_ = torch.device(est.device)  # a list: per-device factors (HVGP's placed blocks)
+            est.dtype_ = resolve_dtype(est.dtype)
             model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
                            for k, v in model.cache.items()}
             est.model_ = model.eval()
@@ -372,6 +393,10 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     stored with the model; predictions come back in the original units. With no arguments it picks a method for
     the data (``method="auto"``), trains it until its objective stops improving and predicts with calibrated
     intervals.
+
+    ``fit`` checks every option before it touches the data: numeric ones against :data:`gpscale.options.CONSTRAINTS`
+    (the range of each, listed in docs/options.md), the others by name. A fit that fails or is interrupted leaves
+    the estimator as it was (fitted earlier or not), and its error carries a note saying so.
 
     Parameters
     ----------
@@ -447,6 +472,8 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     model_ : GPModel, the trained model; kernel_ : its kernel.
     n_features_in_ : int
     x_mean_, x_std_ : ndarray (d,), y_mean_, y_std_ : float, training statistics.
+    dtype_, device_ : torch.dtype and torch.device the model holds; prediction uses them, whatever ``dtype`` and
+        ``device`` are set to after the fit (they take effect at the next fit).
     training_seconds_ : float, wall time of training (initialisation and posterior included).
     training_ : dict, how training ran and ended (optimiser, steps, converged, final objective, seconds); saved.
     fit_result_ : gpscale.train.FitResult (loss history, steps, whether it converged, timing); not saved.
@@ -472,8 +499,8 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         self._check_settings()
         if not isinstance(self.normalize_y, (bool, np.bool_)):
             raise ValueError(f"normalize_y must be True or False, got {self.normalize_y!r}.")
-        X, y = validate_data(self, _as_numpy(X), _as_numpy(y), y_numeric=True, ensure_min_samples=2,
-                             dtype=np.float64)
+        X, y = validate_data(self, _as_numpy(X), _numeric_targets(_as_numpy(y)), y_numeric=True,
+                             ensure_min_samples=2, dtype=np.float64)
         comm = self._comm()
         y_scale = fit_scaling(y, "standard" if self.normalize_y else "none", comm)
         if y_scale.constant:
@@ -562,8 +589,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     Attributes
     ----------
     classes_ : ndarray (C,), the labels, sorted; ``predict_proba``'s columns follow them.
-    method_, method_reason_, model_, kernel_, n_features_in_, x_mean_, x_std_, training_seconds_, fit_result_ : as
-        for :class:`GPRegressor`.
+    method_, method_reason_, model_, kernel_, n_features_in_, x_mean_, x_std_, dtype_, device_, training_seconds_,
+        fit_result_ : as for :class:`GPRegressor`.
     """
 
     _task = "classification"
@@ -581,14 +608,15 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     def fit(self, X, y):
         """Train on X (n, d) and labels y (n,). Returns self."""
         self._check_settings()
+        _check_labels(_as_numpy(y))
         X, y = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=2, dtype=np.float64)
-        _check_labels(y)
         check_classification_targets(y)
         comm = self._comm()
         classes = _global_classes(y, comm)
         C = len(classes)
         if C < 2:
-            raise ValueError(f"y holds one class only ({classes[0]!r}): a classifier needs at least two.")
+            raise ValueError(f"y holds one class only ({np.asarray(classes[0]).item()!r}): a classifier needs at "
+                             "least two.")
         likelihood = self.likelihood or ("bernoulli" if C == 2 else "robustmax")
         if likelihood == "bernoulli" and C > 2:
             raise ValueError(f"likelihood='bernoulli' is for two classes, but y has {C}; use 'robustmax' or "
@@ -693,9 +721,23 @@ def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
     return np.unique(np.asarray([label for text in lines for label in json.loads(text)]))
 
 
-def _check_labels(y: np.ndarray) -> None:
+def _numeric_targets(y):
+    """y as numbers: numeric strings are converted; any other text is refused, naming the first such value."""
+    if y is None or np.asarray(y).dtype.kind not in "USO":
+        return y
+    y = np.asarray(y)
+    for row, value in enumerate(y.ravel().tolist()):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"y must be numbers for a regressor, but row {row} holds {value!r}; use GPClassifier "
+                             "(gpscale fit --classify) for class labels.") from None
+    return y.astype(np.float64)
+
+
+def _check_labels(y) -> None:
     """Refuse a missing label (None or NaN), which no class can stand for."""
-    missing = np.asarray([v is None or (isinstance(v, float) and math.isnan(v)) for v in y.ravel().tolist()])
+    missing = np.asarray([v is None or (isinstance(v, float) and math.isnan(v)) for v in np.ravel(y).tolist()])
     if missing.any():
         raise ValueError(f"y holds {int(missing.sum())} missing label(s) (None or NaN), the first at row "
                          f"{int(missing.argmax())}: drop those rows or give them a class.")

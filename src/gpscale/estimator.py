@@ -737,7 +737,10 @@ def _numeric_targets(y):
 
 def _check_labels(y) -> None:
     """Refuse a missing label (None or NaN), which no class can stand for."""
-    missing = np.asarray([v is None or (isinstance(v, float) and math.isnan(v)) for v in np.ravel(y).tolist()])
+    if y is None:  # no labels at all: validate_data says so in scikit-learn's words
+        return
+    values = np.asarray(y).ravel().tolist()
+    missing = np.asarray([v is None or (isinstance(v, float) and math.isnan(v)) for v in values])
     if missing.any():
         raise ValueError(f"y holds {int(missing.sum())} missing label(s) (None or NaN), the first at row "
                          f"{int(missing.argmax())}: drop those rows or give them a class.")

@@ -11,7 +11,7 @@ from gpscale import GPRegressor
 from gpscale.kernels import GPyTorchKernel
 from gpscale.models import softki as softki_module
 from gpscale.models.exact import ExactGP
-from gpscale.models.softki import SoftKI, hutchinson_pseudo_log_likelihood, softmax_weights
+from gpscale.models.softki import SoftKI, batch_covariance_solve, hutchinson_pseudo_log_likelihood, softmax_weights
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -178,6 +178,20 @@ def test_8_deterministic_gradient_identity(setting):
     assert rel(pseudo_gradient, exact) < 1e-8
 
 
+@pytest.mark.parametrize("m", [12, 80])  # m < B: the m x m (Woodbury) form; m >= B: Sigma formed and solved
+def test_8_the_batch_solve_equals_the_dense_solve_to_round_off(setting, m):
+    X, _, _, _ = setting
+    g = torch.Generator().manual_seed(4)
+    model = build(torch.rand(m, 3, generator=g, dtype=F64) * 4 - 2)
+    R = torch.randn(60, 11, generator=g, dtype=F64)
+    with torch.no_grad():
+        dense = torch.linalg.solve(covariance(model, X), R)
+        assert rel(batch_covariance_solve(model.weights(X), model.Kzz(), model.noise, R), dense) < 1e-10
+        # in float32 the m x m form keeps its core in float64: nearer the float64 answer than a float32 LU
+        low = batch_covariance_solve(model.weights(X).float(), model.Kzz().float(), model.noise.float(), R.float())
+        assert rel(low.double(), dense) < 1e-4
+
+
 def test_9_stochastic_gradient_with_many_probes(setting):
     X, y, Z, _ = setting
     model = build(Z)
@@ -200,7 +214,7 @@ def test_10_probes_are_fresh_standard_normal_and_solves_detached(setting):
     X, y, Z, _ = setting
     model = build(Z)
     seen, solved = [], []
-    original_solve = torch.linalg.solve
+    original_solve = softki_module.batch_covariance_solve
 
     def spy_pseudo(W, Kzz, noise, yb, probes):
         seen.append(probes)
@@ -212,7 +226,7 @@ def test_10_probes_are_fresh_standard_normal_and_solves_detached(setting):
         return out
 
     with patch.object(softki_module, "hutchinson_pseudo_log_likelihood", spy_pseudo), \
-            patch("torch.linalg.solve", spy_solve):
+            patch.object(softki_module, "batch_covariance_solve", spy_solve):
         for _ in range(200):
             model.loss(X, y, num_data=60)
     assert all(p.shape == (60, 10) for p in seen)  # L = 10 by default

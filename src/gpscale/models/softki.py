@@ -40,7 +40,7 @@ from ._linear import Features, FeatureSpaceGP
 from .base import register
 from .inducing import kmeans_centers
 
-__all__ = ["SoftKI", "softmax_weights", "hutchinson_pseudo_log_likelihood"]
+__all__ = ["SoftKI", "softmax_weights", "batch_covariance_solve", "hutchinson_pseudo_log_likelihood"]
 
 # Lower bound of the learned per-dimension temperature, as in the official code.
 MIN_TEMPERATURE = 5e-5
@@ -58,6 +58,32 @@ def softmax_weights(X: Tensor, Z: Tensor) -> Tensor:
     return torch.softmax(-sq.clamp_min(1e-12).sqrt(), dim=-1)
 
 
+def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor) -> Tensor:
+    """``Sigma^{-1} R`` for the batch covariance ``Sigma = W K_zz W^T + beta^2 I`` [B, B] and R [B, k], without
+    gradients, in whichever form costs fewer flops.
+
+    With m < B, the m x m form (Woodbury): with ``K_zz = L L^T`` and ``Phi = W L`` [B, m],
+
+        Sigma^{-1} R = (R - Phi A^{-1} Phi^T R) / beta^2,     A = beta^2 I + Phi^T Phi   [m, m],
+
+    about 4 B m^2 + 2 m^3 / 3 flops (Phi, Phi^T Phi, two Choleskys) against the dense form's 2 B m^2 + 2 B^2 m +
+    2 B^3 / 3 (Sigma, then its LU): 1.2 against 2.3 GFLOP at m = 512, B = 1,024. The m x m factors are float64
+    (CORE), which also makes it the more accurate form in float32. With m >= B, Sigma is formed and solved.
+    """
+    B, m = W.shape
+    noise = noise.to(W.dtype)
+    if m >= B:
+        Sigma = W @ Kzz @ W.T
+        Sigma.diagonal().add_(noise)
+        return torch.linalg.solve(Sigma, R)
+    L = cholesky(Kzz.to(CORE), what="interpolation-point covariance K_zz")
+    Phi = W @ L.to(W.dtype)  # [B, m]
+    A = (Phi.T @ Phi).to(CORE)
+    A.diagonal().add_(noise.to(CORE))
+    coefficients = torch.cholesky_solve((Phi.T @ R).to(CORE), cholesky(A, what="capacitance matrix")).to(W.dtype)
+    return (R - Phi @ coefficients) / noise
+
+
 def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: Tensor, probes: Tensor) -> Tensor:
     """The Hutchinson pseudo-log-likelihood of Maddox et al. (2022), sign-corrected (erratum 1), for
     ``Sigma = W K_zz W^T + beta^2 I``:
@@ -68,9 +94,9 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
     ``E[a a^T] = I``:  ``1/2 (Sigma^{-1} y)^T dSigma (Sigma^{-1} y) - 1/2 tr(Sigma^{-1} dSigma)``. Its value is
     not the log-likelihood: use it only for gradients.
 
-    Only the detached solve needs the dense [B, B] Sigma. The differentiated quadratic forms go through the
-    factors, ``b^T Sigma a = (W^T b)^T K_zz (W^T a) + beta^2 b^T a``, so the backward pass costs
-    O(B m L + m^2 L) instead of the O(B^2 m) of differentiating a dense Sigma.
+    The differentiated quadratic forms go through the factors, ``b^T Sigma a = (W^T b)^T K_zz (W^T a) +
+    beta^2 b^T a``, so the backward pass costs O(B m L + m^2 L) instead of the O(B^2 m) of differentiating a dense
+    Sigma; the detached solve is :func:`batch_covariance_solve`.
 
     Args:
         W: [B, m] interpolation weights, differentiable.
@@ -83,9 +109,7 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
     noise = noise.to(W.dtype)
     with torch.no_grad():
         # detached: letting gradients flow through Sigma^{-1} flips the sign of the gradient
-        Sigma = W @ Kzz @ W.T
-        Sigma.diagonal().add_(noise)
-        solves = torch.linalg.solve(Sigma, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
+        solves = batch_covariance_solve(W, Kzz, noise, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
     # column 0 pairs b_0 with b_0, column j pairs b_j with a_j
     partners = torch.cat([solves[:, :1], probes], dim=1)  # [B, L + 1]
     forms = ((W.T @ solves) * (Kzz @ (W.T @ partners))).sum(0) + noise * (solves * partners).sum(0)  # [L + 1]

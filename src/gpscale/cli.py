@@ -203,6 +203,7 @@ def _bench(args) -> None:
     import time
 
     from .distributed import LOCAL, TorchComm, process_device
+    from .bench.floor import FLOOR_DESCRIPTION, run_floor
     from .bench.protocols import PROTOCOLS, get_protocol
     from .bench.report import print_table, write_report
     from .bench.runner import run_protocol
@@ -211,6 +212,12 @@ def _bench(args) -> None:
     if args.list:
         for p in PROTOCOLS.values():
             print(f"{p.name:<16} v{p.version}  {p.description}")
+        print(f"{'floor':<16}     {FLOOR_DESCRIPTION}")
+        return
+    if args.protocol == "floor":
+        page = run_floor(args.out or Path("results") / "floor", methods=args.methods)
+        print(page.read_text())
+        print(f"report: {page}")
         return
     comm, device = LOCAL, args.device
     if args.distributed:

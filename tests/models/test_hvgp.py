@@ -365,8 +365,8 @@ def test_blocks_placed_on_several_devices_give_the_same_elbo_gradients_and_predi
     assert [call.args[2:] for call in Kuf.call_args_list] == [(), (slice(0, 1),), (slice(1, 3),), (slice(3, 4),)]
     torch.testing.assert_close(elbos[0], elbos[1], rtol=1e-10, atol=1e-10)
     grads = [torch.autograd.grad(elbo, list(model.parameters())) for elbo, model in zip(elbos, models)]
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    for a, b in zip(*grads):  # blocks summed in other groupings: round-off of the sums over rows and the orbit
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
     for model in models:
         model.fit_posterior(X, y)
     for a, b in zip(models[0].predict(X), models[1].predict(X)):

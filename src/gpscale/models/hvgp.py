@@ -72,8 +72,10 @@ class HarmonicFeatures(InducingFeatures):
             return torch.einsum("ts,sij->tji", W, orbit_gram(kernel, self.action, X, self.Z.to(X.device)))
         Z = self.Z[blocks].to(X.device)  # every block's orbit in one kernel evaluation; block t takes row t of W
         T, m, d = Z.shape
-        K = orbit_gram(kernel, self.action, X, Z.reshape(T * m, d)).reshape(-1, X.shape[0], T, m)
-        return torch.einsum("ts,sctm->tmc", W, K)
+        K = kernel(X, self.action.orbit(Z.reshape(T * m, d)).reshape(-1, d)).view(X.shape[0], -1, T, m)  # [c, S, T, m]
+        # a weighted sum over s in place, not an einsum: that would permute the [c, S, T, m] matrix into a batched
+        # product, copying it (and its gradient) across memory, which takes longer than the kernel itself
+        return (K * W.T.unsqueeze(-1)).sum(1).permute(1, 2, 0)
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the

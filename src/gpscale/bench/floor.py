@@ -1,0 +1,263 @@
+"""How far each method's steps are from their FLOP floor on this machine (``gpscale bench --protocol floor``).
+
+For a method at a size (n rows of d features, its options, a batch of B rows for a minibatch method, a dtype) it
+counts the floating-point operations of one training step (loss, backward and optimiser step, as
+:func:`gpscale.train.fit` takes it), of the posterior fit and of predicting one row, by running each under a dispatch
+mode that counts them: every matrix product as torch counts it, plus the factorisations and solves that torch leaves
+out (:data:`LINALG_FLOPS`). Element-wise work (exp, softmax, the distances after their one product) is not counted,
+so time spent on it shows as a ratio above 1.
+
+The floor is those FLOPs at this machine's matrix-product rate, measured in the same run and dtype (a square
+product of 2,048 rows, the best of five); the ratio is the best of several measured wall times over it. On a busy
+machine both are slowed alike only roughly: compare ratios from one run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+from .._version import __version__
+from ..distributed import LOCAL
+from ..models import get_model_class
+from ..train import Shard, _epoch, _Objective
+
+__all__ = ["FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "matmul_rate", "measure",
+           "floor_table", "run_floor"]
+
+aten = torch.ops.aten
+
+FLOOR_DESCRIPTION = ("FLOPs of one training step, the posterior fit and one prediction row of every method at a "
+                     "small and its paper's size, over this machine's matrix-product rate (no data needed).")
+
+
+def _last2(shape):
+    return shape[-2], shape[-1]
+
+
+def _batch(shape) -> int:
+    return math.prod(shape[:-2])
+
+
+def _cholesky(A, *args, out_shape=None, **kwargs) -> int:
+    m = A[-1]
+    return _batch(A) * m**3 // 3
+
+
+def _triangular_solve(A, B, *args, out_shape=None, **kwargs) -> int:  # linalg_solve_triangular(A, B)
+    m = A[-1]
+    return _batch(B) * m * m * B[-1]
+
+
+def _cholesky_solve(B, L, *args, out_shape=None, **kwargs) -> int:
+    m = L[-1]
+    return 2 * _batch(B) * m * m * B[-1]
+
+
+def _cholesky_inverse(L, *args, out_shape=None, **kwargs) -> int:  # L^{-1}, then L^{-T} L^{-1}
+    return _batch(L) * 2 * L[-1] ** 3 // 3
+
+
+def _lu_solve(A, B, *args, out_shape=None, **kwargs) -> int:  # torch.linalg.solve: LU, then two solves
+    m = A[-1]
+    k = B[-1] if len(B) == len(A) else 1
+    return _batch(A) * (2 * m**3 // 3 + 2 * m * m * k)
+
+
+def _qr(A, *args, out_shape=None, **kwargs) -> int:  # Householder, R and the reduced Q
+    rows, cols = _last2(A)
+    k = min(rows, cols)
+    return _batch(A) * (4 * rows * cols * k - 2 * (rows + cols) * k * k + 4 * k**3 // 3)
+
+
+def _eigh(A, *args, out_shape=None, **kwargs) -> int:  # tridiagonalisation and vectors, the usual estimate
+    return _batch(A) * 9 * A[-1] ** 3
+
+
+#: FLOPs of the linear-algebra kernels that torch's counter leaves out, by their textbook counts.
+LINALG_FLOPS = {
+    aten.linalg_cholesky_ex: _cholesky,
+    aten.linalg_solve_triangular: _triangular_solve,
+    aten.cholesky_solve: _cholesky_solve,
+    aten.cholesky_inverse: _cholesky_inverse,
+    aten._linalg_solve_ex: _lu_solve,
+    aten.linalg_qr: _qr,
+    aten._linalg_eigh: _eigh,
+}
+
+
+class _FlopCounter(TorchDispatchMode):
+    """Adds up the FLOPs of every operator it sees that has a formula: torch's own (matrix products,
+    convolutions) and :data:`LINALG_FLOPS`. (torch's ``FlopCounterMode`` also tracks modules, which fails on
+    modules called under ``no_grad`` with inputs that require gradients.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0
+        self.formulas = {**flop_registry, **{op: shape_wrapper(f) for op, f in LINALG_FLOPS.items()}}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = self.formulas.get(func._overloadpacket)
+        if formula is not None:
+            self.flops += int(formula(*args, **kwargs, out_val=out))
+        return out
+
+
+def count_flops(fn) -> int:
+    """The FLOPs of calling ``fn()`` once: products as torch counts them plus :data:`LINALG_FLOPS`."""
+    with _FlopCounter() as counter:
+        fn()
+    return counter.flops
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """The least wall time of ``repeats`` calls: the one least disturbed by other work."""
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return min(times)
+
+
+def matmul_rate(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """This machine's matrix-product rate, FLOP/s: a [size, size] product in ``dtype``, the best of ``repeats``."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g, dtype=dtype) for _ in range(2))
+    a @ b  # warm-up
+    return 2 * size**3 / best_seconds(lambda: a @ b, repeats)
+
+
+@dataclass(frozen=True)
+class FloorCase:
+    """One method at one size. ``batch_size`` is ignored by full-batch methods (their step is one pass)."""
+
+    method: str
+    n: int
+    d: int
+    options: dict = field(default_factory=dict)
+    batch_size: int = 1024
+    dtype: str = "float64"
+    size: str = ""  # a name for the size, for the table
+
+
+
+def _problem(case: FloorCase):
+    dtype = getattr(torch, case.dtype)
+    g = torch.Generator().manual_seed(0)
+    X = 2 * torch.rand(case.n, case.d, generator=g, dtype=dtype) - 1
+    y = torch.sin(3 * X).sum(1) + 0.1 * torch.randn(case.n, generator=g, dtype=dtype)
+    model = get_model_class(case.method)(case.d, **case.options).to(dtype)
+    model.init(X, y, seed=0)
+    return model, X, y, g
+
+
+def measure(case: FloorCase, rate: float, repeats: int = 3) -> dict:
+    """FLOPs, floor and measured seconds of ``case``'s training step, posterior fit and prediction per row."""
+    model, X, y, g = _problem(case)
+    optimiser = torch.optim.Adam(model.parameter_groups(), lr=1e-3)
+    objective = _Objective(model)
+    rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
+
+    def step():
+        _epoch(model, objective, X[:rows], y[:rows], optimiser, g, rows, Shard(0, rows, rows), LOCAL)
+
+    def posterior():
+        with torch.no_grad():
+            model.fit_posterior(X, y, LOCAL)
+
+    Xs = X[:1000]
+
+    def predict():
+        with torch.no_grad():
+            model.predict(Xs)
+
+    out = {"method": case.method, "size": case.size, "n": case.n, "d": case.d, "rows per step": rows,
+           "dtype": case.dtype, "options": case.options}
+    step()  # warm-up
+    for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
+        model.train(name == "step")
+        flops = count_flops(fn) if name != "predict" else (posterior(), count_flops(fn))[1]
+        seconds = best_seconds(fn, repeats)
+        out[name] = {"gflop": flops / per / 1e9, "floor_s": flops / per / rate, "seconds": seconds / per,
+                     "ratio": seconds * rate / flops if flops else math.inf}
+    return out
+
+
+def _cases() -> tuple[FloorCase, ...]:
+    """Every gradient-trained method at a small size and at its paper protocol's (GP-GRIEF-I samples by MCMC: no
+    gradient step to time). GP-GRIEF starts without its exact-GP initialisation, which is not part of a step."""
+    P = dict(size="paper")
+    S = dict(size="small")
+    additive = {"kernel": "additive_matern32"}
+    return (
+        FloorCase("exact", 500, 8, {}, **S), FloorCase("exact", 2000, 8, {}, **P),
+        FloorCase("sgpr", 2000, 8, {"n_inducing": 128}, **S), FloorCase("sgpr", 13500, 26, {"n_inducing": 512}, **P),
+        FloorCase("svgp", 2000, 8, {"n_inducing": 128}, 256, **S),
+        FloorCase("svgp", 13500, 26, {"n_inducing": 1024}, 1024, **P),
+        FloorCase("softki", 2000, 8, {"n_inducing": 128}, 256, **S),
+        FloorCase("softki", 13500, 26, {"n_inducing": 512}, 1024, **P),
+        FloorCase("grief", 500, 2, {"init_exact_points": 0}, **S),
+        FloorCase("grief", 2000, 6, {"init_exact_points": 0}, **P),
+        FloorCase("dbk", 2000, 8, {}, dtype="float32", **S), FloorCase("dbk", 13500, 26, {}, dtype="float32", **P),
+        FloorCase("svdbk", 2000, 8, {}, 256, dtype="float32", **S),
+        FloorCase("svdbk", 13500, 26, {}, 1024, dtype="float32", **P),
+        FloorCase("hvgp", 2000, 8, {"n_inducing": 64}, 256, **S),
+        FloorCase("hvgp", 13500, 26, {"n_inducing": 256}, 1024, **P),
+        FloorCase("vff", 2000, 2, {}, **S), FloorCase("vff", 15000, 4, {}, **P),
+        FloorCase("vff-svgp", 2000, 2, {}, 256, **S), FloorCase("vff-svgp", 15000, 4, {}, 1024, **P),
+        FloorCase("odvgp", 2000, 4, {**additive, "n_inducing": 50, "n_mean_inducing": 100}, 400, **S),
+        FloorCase("odvgp", 15641, 17, {**additive, "n_inducing": 100, "n_mean_inducing": 300}, 400, **P),
+        FloorCase("odvff", 2000, 4, {**additive, "n_frequencies": 10, "n_mean_inducing": 100}, 400, **S),
+        FloorCase("odvff", 15641, 17, {**additive, "n_frequencies": 50, "n_mean_inducing": 300}, 400, **P),
+    )
+
+
+FLOOR_CASES = _cases()
+
+
+def floor_table(rows: list[dict], rates: dict[str, float]) -> str:
+    """The markdown table of :func:`measure`'s rows, with the rates they were measured against."""
+    measured = ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s" for name, rate in rates.items())
+    lines = [f"Matrix-product rate measured in the same run: {measured}.", "",
+             "| method | size | n | d | rows per step | dtype | step GFLOP | step floor | step | x floor | "
+             "posterior GFLOP | x floor | predict MFLOP/row | x floor |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s, p, q = r["step"], r["posterior"], r["predict"]
+        lines.append(f"| {r['method']} | {r['size']} | {r['n']:,} | {r['d']} | {r['rows per step']:,} | "
+                     f"{r['dtype']} | {s['gflop']:.3g} | {s['floor_s'] * 1e3:.3g} ms | {s['seconds'] * 1e3:.3g} ms | "
+                     f"{s['ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | {q['gflop'] * 1e3:.3g} | "
+                     f"{q['ratio']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_floor(out: str | Path, methods: list[str] | None = None, say=print) -> Path:
+    """Measure :data:`FLOOR_CASES` (those of ``methods``, or all) and write ``out/floor.md`` and ``out/floor.json``;
+    returns the markdown's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cases = [c for c in FLOOR_CASES if methods is None or c.method in methods]
+    if not cases:
+        raise ValueError(f"no floor case for {', '.join(methods)}; the cases cover "
+                         f"{', '.join(sorted({c.method for c in FLOOR_CASES}))}.")
+    rates = {name: matmul_rate(getattr(torch, name)) for name in sorted({c.dtype for c in cases})}
+    rows = []
+    for case in cases:
+        say(f"{case.method} ({case.size}) ...")
+        rows.append(measure(case, rates[case.dtype]))
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+               f"{torch.__version__}, gpscale {__version__}, {time.strftime('%Y-%m-%d')}")
+    page = f"# FLOP floor\n\n{machine}.\n\n{floor_table(rows, rates)}"
+    (out / "floor.md").write_text(page)
+    (out / "floor.json").write_text(json.dumps({"machine": machine, "rates": rates, "rows": rows}, indent=1))
+    return out / "floor.md"

@@ -1,0 +1,54 @@
+import json
+
+import pytest
+import torch
+
+from gpscale.bench.floor import FLOOR_CASES, FloorCase, count_flops, matmul_rate, measure
+from gpscale.cli import main
+from gpscale.models import available_methods
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+F64 = torch.float64
+
+
+def test_products_factorisations_and_solves_are_counted_by_their_textbook_flops():
+    a, b = torch.randn(30, 20, dtype=F64), torch.randn(20, 10, dtype=F64)
+    assert count_flops(lambda: a @ b) == 2 * 30 * 20 * 10
+    A = torch.eye(12, dtype=F64) * 3 + 0.1
+    L = torch.linalg.cholesky(A)
+    assert count_flops(lambda: torch.linalg.cholesky(A)) == 12**3 // 3
+    R = torch.randn(12, 5, dtype=F64)
+    assert count_flops(lambda: torch.linalg.solve_triangular(L, R, upper=False)) == 12 * 12 * 5
+    assert count_flops(lambda: torch.cholesky_solve(R, L)) == 2 * 12 * 12 * 5
+    assert count_flops(lambda: torch.linalg.solve(A, R)) == 2 * 12**3 // 3 + 2 * 12 * 12 * 5
+
+
+def test_the_backward_pass_is_counted_too():
+    a = torch.randn(30, 20, dtype=F64, requires_grad=True)
+    b = torch.randn(20, 10, dtype=F64, requires_grad=True)
+    assert count_flops(lambda: (a @ b).sum().backward()) == 3 * 2 * 30 * 20 * 10  # forward, then one per operand
+
+
+def test_every_gradient_trained_method_has_a_small_and_a_paper_size():
+    sizes = {(c.method, c.size) for c in FLOOR_CASES}
+    for method in set(available_methods()) - {"grief-i"}:  # GP-GRIEF-I samples by MCMC: no gradient step
+        assert {(method, "small"), (method, "paper")} <= sizes
+
+
+@pytest.mark.parametrize("case", [FloorCase("svgp", 300, 3, {"n_inducing": 20}, 64),
+                                  FloorCase("sgpr", 300, 3, {"n_inducing": 20})], ids=["minibatch", "full batch"])
+def test_a_measurement_gives_flops_seconds_and_their_ratio_for_each_phase(case):
+    row = measure(case, rate=matmul_rate(F64, size=256), repeats=2)
+    assert row["rows per step"] == (64 if case.method == "svgp" else 300)
+    for phase in ("step", "posterior", "predict"):
+        numbers = row[phase]
+        assert numbers["gflop"] > 0 and numbers["seconds"] > 0
+        assert numbers["ratio"] == pytest.approx(numbers["seconds"] / numbers["floor_s"])
+
+
+def test_bench_protocol_floor_writes_its_table(tmp_path, capsys):
+    assert main(["bench", "--protocol", "floor", "--methods", "exact", "--out", str(tmp_path)]) == 0
+    page = (tmp_path / "floor.md").read_text()
+    assert "| exact | small | 500 |" in page and "| exact | paper | 2,000 |" in page and "GFLOP/s" in page
+    assert [r["size"] for r in json.loads((tmp_path / "floor.json").read_text())["rows"]] == ["small", "paper"]
+    assert "floor" in capsys.readouterr().out

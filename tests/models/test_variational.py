@@ -83,19 +83,6 @@ def test_one_natural_gradient_step_of_one_reaches_the_optimal_q_unwhitened_too(d
         torch.testing.assert_close(unwhitened.elbo(X, y, 60), sgpr.elbo(X, y), rtol=1e-9, atol=1e-8)
 
 
-@pytest.mark.parametrize("whiten", [True, False])
-def test_a_natural_gradient_step_reuses_the_precision_it_factored_until_q_is_written(data, whiten):
-    X, y = data
-    model = pair(X, y, natgrad_step=0.5)[1 - whiten]
-    model.natural_gradient_step(X, y, 60)
-    L = model.q_sqrt.detach()
-    assert model._S_inverse(L) is model._precision[1]  # no cholesky_inverse on the next step
-    torch.testing.assert_close(model._precision[1], torch.cholesky_inverse(L), rtol=1e-8, atol=1e-8)
-    with torch.no_grad():
-        model.q_sqrt_raw.mul_(2.0)  # anything else that writes q makes the next step factor it afresh
-    assert model._S_inverse(model.q_sqrt.detach()) is not model._precision[1]
-
-
 def test_an_unwhitened_q_starts_at_the_prior(data):
     X, y = data
     model = SVGP(2, n_inducing=6, whiten=False).double()

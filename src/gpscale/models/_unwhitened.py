@@ -102,6 +102,17 @@ class UnwhitenedQ:
         eye = torch.eye(L.shape[0], dtype=CORE, device=L.device)
         return m.detach(), L, g_m, data_term, Kuu.solve(eye), self._S_inverse(L)
 
+    def _q_sqrt_state(self) -> tuple:
+        raw = self.q_sqrt_raw
+        return raw.data_ptr(), raw._version, raw.device, raw.dtype
+
+    def _S_inverse(self, L: Tensor) -> Tensor:
+        """S^{-1} [M, M] (float64): the precision the last natural-gradient step factored, while nothing has
+        written to L since (its version counter says so), which saves a cholesky_inverse (2/3 M^3 flops) per
+        step; otherwise from L."""
+        state, precision = getattr(self, "_precision", (None, None))
+        return precision if state == self._q_sqrt_state() else torch.cholesky_inverse(L)
+
     def unwhitened_posterior(self) -> dict[str, Tensor]:
         """The posterior cache: Kuu's Cholesky factor, L_S and the mean's weights (float64)."""
         Kuu = self.Kuu_operator()

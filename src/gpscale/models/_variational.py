@@ -210,18 +210,8 @@ class VariationalGP(UnwhitenedQ, GPModel):
                 return
             self.q_mu.copy_(step[0].to(self.q_mu))
             self.q_sqrt_raw.copy_(step[1].to(self.q_sqrt_raw))
-            self._precision = (self._q_sqrt_state(), step[2])  # S^{-1} for the next step, while nothing writes L
-
-    def _q_sqrt_state(self) -> tuple:
-        raw = self.q_sqrt_raw
-        return raw.data_ptr(), raw._version, raw.device, raw.dtype
-
-    def _S_inverse(self, L: Tensor) -> Tensor:
-        """S^{-1} [M, M] (float64): the precision the last natural-gradient step factored, while nothing has
-        written to L since (its version counter says so), which saves a cholesky_inverse (2/3 M^3 flops) per
-        step; otherwise from L."""
-        state, precision = getattr(self, "_precision", (None, None))
-        return precision if state == self._q_sqrt_state() else torch.cholesky_inverse(L)
+            if not self.whiten:  # S^{-1} for the next step, while nothing else writes to L
+                self._precision = (self._q_sqrt_state(), step[2])
 
     def _whitened_gradients(self, X, y, num_data, comm, share):
         """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``."""
@@ -247,7 +237,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
             g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
         g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient
         eye = torch.eye(m.shape[-1], dtype=CORE, device=m.device)
-        return m, L, g_m, data_term, eye, self._S_inverse(L)
+        return m, L, g_m, data_term, eye, torch.cholesky_inverse(L)
 
     # --- posterior ----------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -10,14 +10,30 @@ the joint distance ``||(x - x') / l||``.
 """
 from __future__ import annotations
 
+import math
 
 import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
-from .stationary import SOFTPLUS_ZERO, Kernel, inverse_softplus, matern_profile
+from .stationary import SOFTPLUS_ZERO, Kernel, inverse_softplus
 
-__all__ = ["AdditiveMatern", "ProductMatern"]
+__all__ = ["AdditiveMatern", "ProductMatern", "matern_profile"]
+
+
+def matern_profile(nu: float, distance: Tensor) -> Tensor:
+    """The 1-D Matérn-nu correlation at scaled distances ``|x - x'| / l`` (any shape), ``z = sqrt(2 nu) r``:
+    exp(-z), (1 + z) exp(-z), (1 + z + z^2 / 3) exp(-z)."""
+    z = math.sqrt(2.0 * nu) * distance
+    if nu == 0.5:
+        poly = 1.0
+    elif nu == 1.5:
+        poly = 1.0 + z
+    elif nu == 2.5:
+        poly = 1.0 + z + z * z / 3.0
+    else:
+        raise ValueError(f"Matern nu must be 0.5, 1.5 or 2.5, got {nu}.")
+    return poly * torch.exp(-z)
 
 
 class _SeparableMatern(Kernel):

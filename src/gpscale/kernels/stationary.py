@@ -13,7 +13,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.functional import softplus
 
 __all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "inverse_softplus", "median_distance",
-           "SOFTPLUS_ZERO", "matern_profile"]
+           "SOFTPLUS_ZERO"]
 
 # The starting value of every positive hyperparameter (lengthscales, outputscale, noise): softplus(0) = ln 2, as
 # in GPyTorch. Measured on pol (SGPR, m=512, 50 Adam steps at lr 0.1): starting the noise at 0.1 instead ends in
@@ -35,49 +35,6 @@ def median_distance(X: Tensor, max_rows: int = 1000, seed: int = 0) -> float:
         X = X[torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:max_rows].to(X.device)]
     D = torch.cdist(X, X)
     return D[torch.triu_indices(len(X), len(X), offset=1, device=X.device).unbind()].median().item()
-
-
-class _MaternProfile(torch.autograd.Function):
-    """g(r) with its derivative in closed form, ``z = sqrt(2 nu) r``:
-
-        nu = 1/2:  g = exp(-z),                  g' = -exp(-z)
-        nu = 3/2:  g = (1 + z) exp(-z),          g' = -3 r exp(-z)
-        nu = 5/2:  g = (1 + z + z^2/3) exp(-z),  g' = -(5/3) r (1 + z) exp(-z)
-
-    Autograd through the expression keeps every intermediate of r's size and takes a pass per operation back;
-    this keeps r and exp(-z) and takes two or three. The kernel matrices of HVGP's orbits and of the additive
-    kernels are that size, element-wise work no matrix product absorbs."""
-
-    @staticmethod
-    def forward(ctx, r: Tensor, nu: float) -> Tensor:
-        z = math.sqrt(2.0 * nu) * r
-        decay = torch.exp(-z)
-        ctx.save_for_backward(r, decay)
-        ctx.nu = nu
-        if nu == 0.5:
-            return decay
-        if nu == 1.5:
-            return (1.0 + z) * decay
-        return (1.0 + z + z * z / 3.0) * decay
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        r, decay = ctx.saved_tensors
-        if ctx.nu == 0.5:
-            slope = -decay
-        elif ctx.nu == 1.5:
-            slope = -3.0 * r * decay
-        else:
-            slope = (-5.0 / 3.0) * r * (1.0 + math.sqrt(5.0) * r) * decay
-        return grad * slope, None
-
-
-def matern_profile(nu: float, distance: Tensor) -> Tensor:
-    """The 1-D Matérn-nu correlation at scaled distances ``|x - x'| / l`` (any shape), ``z = sqrt(2 nu) r``:
-    exp(-z), (1 + z) exp(-z), (1 + z + z^2 / 3) exp(-z); differentiable (in closed form, :class:`_MaternProfile`)."""
-    if nu not in (0.5, 1.5, 2.5):
-        raise ValueError(f"Matern nu must be 0.5, 1.5 or 2.5, got {nu}.")
-    return _MaternProfile.apply(distance, float(nu))
 
 
 class Kernel(nn.Module):

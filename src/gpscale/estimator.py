@@ -158,7 +158,7 @@ class _GPEstimator(BaseEstimator):
                          patience=self.patience, val_every=self.val_every, seed=self.seed, progress=self.progress,
                          checkpoint=self.checkpoint, resume=self.resume, comm=comm, **training)
         except (NotPSDError, TrainingError) as error:
-            given = self._given_hyperparameters(options)
+            given = _given_hyperparameters(options)
             if given:
                 error.args = (f"{error.args[0]} The hyperparameters given ({given}) may be the cause: they apply to "
                               "the standardised data, so values far from 1 make the covariance singular or the "
@@ -176,14 +176,6 @@ class _GPEstimator(BaseEstimator):
                             "training_": training, "training_seconds_": seconds, "model_options_": options,
                             "model_": model}.items():
             setattr(self, name, value)
-
-    def _given_hyperparameters(self, options: dict) -> str:
-        """The initial hyperparameter values the caller gave (not left to start from the data), as one phrase."""
-        given = [f"{name}={options[name]:.3g}" for name in ("lengthscale", "outputscale", "noise")
-                 if isinstance(options.get(name), (int, float))]
-        if options.get("learn_noise") is False:
-            given.append("learn_noise=False")
-        return ", ".join(given)
 
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
@@ -719,6 +711,15 @@ def _global_classes(y: np.ndarray, comm: Comm) -> np.ndarray:
     line = torch.tensor(list(json.dumps([str(c) for c in classes]).encode("utf-8") + b"\n"), dtype=torch.uint8)
     lines = bytes(comm.all_gather(line).tolist()).decode("utf-8").splitlines()
     return np.unique(np.asarray([label for text in lines for label in json.loads(text)]))
+
+
+def _given_hyperparameters(options: dict) -> str:
+    """The initial hyperparameter values the caller gave (not left to start from the data), as one phrase."""
+    given = [f"{name}={options[name]:.3g}" for name in ("lengthscale", "outputscale", "noise")
+             if isinstance(options.get(name), (int, float))]
+    if options.get("learn_noise") is False:
+        given.append("learn_noise=False")
+    return ", ".join(given)
 
 
 def _numeric_targets(y):

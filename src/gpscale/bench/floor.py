@@ -30,7 +30,7 @@ from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
 
 __all__ = ["FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "matmul_rate", "measure",
-           "floor_table", "run_floor"]
+           "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
 
@@ -150,26 +150,39 @@ class FloorCase:
     size: str = ""  # a name for the size, for the table
 
 
-
-def _problem(case: FloorCase):
-    dtype = getattr(torch, case.dtype)
-    g = torch.Generator().manual_seed(0)
-    X = 2 * torch.rand(case.n, case.d, generator=g, dtype=dtype) - 1
-    y = torch.sin(3 * X).sum(1) + 0.1 * torch.randn(case.n, generator=g, dtype=dtype)
-    model = get_model_class(case.method)(case.d, **case.options).to(dtype)
-    model.init(X, y, seed=0)
+def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtype, seed: int = 0):
+    """``method`` with ``options``, initialised on n random rows X in [-1, 1]^d with y = sum_j sin(3 x_j) + noise:
+    returns (model, X, y, generator)."""
+    g = torch.Generator().manual_seed(seed)
+    X = 2 * torch.rand(n, d, generator=g, dtype=dtype) - 1
+    y = torch.sin(3 * X).sum(1) + 0.1 * torch.randn(n, generator=g, dtype=dtype)
+    model = get_model_class(method)(d, **options).to(dtype)
+    model.init(X, y, seed=seed)
     return model, X, y, g
+
+
+def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
+    """``step(X, y, batch_size=None)``: one pass of :func:`gpscale.train.fit`'s own epoch loop over (X, y) in batches
+    of ``batch_size`` rows (default: all of them), a natural-gradient step where the model takes one, then an Adam
+    step; one process."""
+    optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
+    objective = _Objective(model)
+
+    def step(X, y, batch_size=None):
+        rows = X.shape[0]
+        _epoch(model, objective, X, y, optimiser, generator, batch_size or rows, Shard(0, rows, rows), LOCAL)
+
+    return step
 
 
 def measure(case: FloorCase, rate: float, repeats: int = 3) -> dict:
     """FLOPs, floor and measured seconds of ``case``'s training step, posterior fit and prediction per row."""
-    model, X, y, g = _problem(case)
-    optimiser = torch.optim.Adam(model.parameter_groups(), lr=1e-3)
-    objective = _Objective(model)
+    model, X, y, g = random_problem(case.method, case.n, case.d, case.options, getattr(torch, case.dtype))
     rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
+    train_step = trainer_step(model, g)
 
     def step():
-        _epoch(model, objective, X[:rows], y[:rows], optimiser, g, rows, Shard(0, rows, rows), LOCAL)
+        train_step(X[:rows], y[:rows])
 
     def posterior():
         with torch.no_grad():
@@ -185,8 +198,8 @@ def measure(case: FloorCase, rate: float, repeats: int = 3) -> dict:
            "dtype": case.dtype, "options": case.options}
     step()  # warm-up
     for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
-        model.train(name == "step")
-        flops = count_flops(fn) if name != "predict" else (posterior(), count_flops(fn))[1]
+        model.train(name == "step")  # prediction reads the posterior the phase before it fitted
+        flops = count_flops(fn)
         seconds = best_seconds(fn, repeats)
         out[name] = {"gflop": flops / per / 1e9, "floor_s": flops / per / rate, "seconds": seconds / per,
                      "ratio": seconds * rate / flops if flops else math.inf}

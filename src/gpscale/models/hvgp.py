@@ -73,8 +73,8 @@ class HarmonicFeatures(InducingFeatures):
         Z = self.Z[blocks].to(X.device)  # every block's orbit in one kernel evaluation; block t takes row t of W
         T, m, d = Z.shape
         K = kernel(X, self.action.orbit(Z.reshape(T * m, d)).reshape(-1, d)).view(X.shape[0], -1, T, m)  # [c, S, T, m]
-        # a weighted sum over s in place, not an einsum: that would permute the [c, S, T, m] matrix into a batched
-        # product, copying it (and its gradient) across memory, which takes longer than the kernel itself
+        # a weighted sum over s on the kernel's own layout, not an einsum: that would permute the [c, S, T, m] matrix
+        # into a batched product, copying it (and its gradient) across memory, which takes longer than the kernel
         return (K * W.T.unsqueeze(-1)).sum(1).permute(1, 2, 0)
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:

@@ -195,7 +195,7 @@ def test_a_report_of_runs_that_all_failed_says_so_with_their_errors_and_drops_st
     for method, error in (("sgpr", "ValueError: n_inducing must be >= 1"), ("svgp", "MemoryError: planted")):
         results.append(dict(record(method, "pol", 0, rng), status="error", error=error, rmse=None, nlpd=None))
     text = write_report(path, out).read_text(encoding="utf-8")
-    assert "**Every one of the 2 runs failed**" in text and "## Plots" not in text
+    assert "**None of the 2 runs succeeded**" in text and "## Plots" not in text
     assert "pol / sgpr, split 0, seed 0: ValueError: n_inducing must be >= 1" in text
     assert "pol / svgp, split 0, seed 0: MemoryError: planted" in text
     assert sorted(p.name for p in out.iterdir()) == ["report.md"]
@@ -312,3 +312,47 @@ def test_mean_ranks_use_the_sets_where_every_method_ran_and_share_ties():
     ranks, datasets = mean_ranks(rows)
     assert datasets == ["a", "b"]
     assert ranks == {"x": (1 + 2.5) / 2, "y": (2 + 1) / 2, "z": (3 + 2.5) / 2}
+
+
+def test_a_time_reference_adds_seconds_per_epoch_over_the_references_and_skipped_runs_are_listed_apart(tmp_path):
+    """A protocol with ``time_reference`` gets a table of every method's s/epoch on every dataset with its ratio to
+    the reference's; a peer that predicts a mean only shows dashes for NLPD and coverage; a skipped run is listed
+    with its note under "Skipped runs", not among the failed."""
+    name = "test-report-times"
+    methods = ("softki", "softki-official", "svgp")
+    register_protocol(Protocol(name=name, version=1, description="Side by side.",
+                               methods=tuple(MethodSpec(m) for m in methods), datasets={"pol": None, "kin40k": None},
+                               time_reference="softki"))
+    rng = np.random.default_rng(3)
+    runs = [dict(record(m, ds, 0, rng), protocol=name, protocol_version=1) for ds in ("pol", "kin40k") for m in methods]
+    mean_only = next(r for r in runs if (r["method"], r["dataset"]) == ("softki-official", "pol"))
+    mean_only.update(nlpd=None, coverage=None, calibration=None)
+    skipped = next(r for r in runs if (r["method"], r["dataset"]) == ("softki-official", "kin40k"))
+    skipped.update(status="skipped", error="softki-official: not found; set GPSCALE_PEERS", rmse=None, nlpd=None,
+                   seconds_per_epoch=None)
+    path = tmp_path / "times.sqlite"
+    results = ResultsStore(path)
+    for run in runs:
+        results.append(run)
+    try:
+        text = write_report(path, tmp_path / "out").read_text(encoding="utf-8")
+    finally:
+        PROTOCOLS.pop(name)
+    table = text.split("### Seconds per epoch (over softki's)\n\n")[1].split("\n\n")[0].splitlines()
+    assert table[0] == "| method | pol | kin40k |"
+    rows = {line.split(" | ")[0].strip("| "): [c.strip(" |") for c in line.split(" | ")[1:]] for line in table[2:]}
+    assert list(rows) == list(methods)
+    seconds = {(r["method"], r["dataset"]): r["seconds_per_epoch"] for r in runs}
+    for method in methods:
+        for dataset, cell in zip(("pol", "kin40k"), rows[method]):
+            if (method, dataset) == ("softki-official", "kin40k"):
+                assert cell == "–"
+                continue
+            value, ratio = re.fullmatch(r"(\S+) \((\S+)×\)", cell).groups()
+            assert float(value) == pytest.approx(seconds[method, dataset], rel=1e-3)
+            assert float(ratio) == pytest.approx(seconds[method, dataset] / seconds["softki", dataset], rel=5e-3)
+    pol = parse_tables(text)["pol"]["softki-official"]
+    assert pol["NLPD"] == "–" and pol["95% cov."] == "–" and float(pol["RMSE"]) > 0
+    skipped_section, failed_section = text.split("## Skipped runs")[1].split("## Failed runs")
+    assert "kin40k / softki-official, split 0, seed 0: softki-official: not found; set GPSCALE_PEERS" in skipped_section
+    assert failed_section.strip() == "None."

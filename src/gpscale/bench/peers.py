@@ -1,6 +1,7 @@
 """GPyTorch baselines, written as a GPyTorch user would write them, to run side by side with gpscale.
 
-Three peers, registered for the benchmark as methods:
+Three GPyTorch peers, registered for the benchmark as methods (``PEERS`` also registers ``softki-official``, the SoftKI
+authors' code, from :mod:`gpscale.bench.official_softki`: the same ``fit`` and ``predict``, a mean only):
 
 - ``gpytorch-exact``: :class:`gpytorch.models.ExactGP`, full-batch Adam on ``ExactMarginalLogLikelihood``;
 - ``gpytorch-sgpr``: an ExactGP whose kernel is an :class:`~gpytorch.kernels.InducingPointKernel` (Titsias'
@@ -41,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ..train import progress_bar
+from .official_softki import OfficialSoftKIPeer
 
 try:
     import gpytorch
@@ -418,15 +420,19 @@ class SVGPPeer(PeerModel):
         return gpytorch.mlls.VariationalELBO(self.likelihood, self.model, num_data=num_data)
 
 
-PEERS: dict[str, type[PeerModel]] = {cls.name: cls for cls in (ExactPeer, SGPRPeer, SVGPPeer)}
+PEERS: dict[str, type[PeerModel] | type[OfficialSoftKIPeer]] = {
+    cls.name: cls for cls in (ExactPeer, SGPRPeer, SVGPPeer, OfficialSoftKIPeer)}
 
 
 def make_peer(name: str, n_features: int, n_inducing: int | None = None, dtype: torch.dtype = torch.float64,
-              **kwargs) -> PeerModel:
-    """A peer by its benchmark key: ``gpytorch-exact``, ``gpytorch-sgpr`` or ``gpytorch-svgp``.
+              **kwargs) -> PeerModel | OfficialSoftKIPeer:
+    """A peer by its benchmark key: ``gpytorch-exact``, ``gpytorch-sgpr``, ``gpytorch-svgp`` or
+    ``softki-official``.
 
-    ``n_inducing`` is required by SGPR and SVGP and ignored by the exact GP; ``kwargs`` go to the peer
-    (``device``, ``chunk_size``, ``max_cholesky_size``, SGPR's ``diagonal_correction``, SVGP's ``jitter_val``)."""
+    ``n_inducing`` is required by all but the exact GP, which ignores it; ``kwargs`` go to the peer (``device``;
+    the GPyTorch peers' ``chunk_size``, ``max_cholesky_size``, SGPR's ``diagonal_correction``, SVGP's
+    ``jitter_val``). ``softki-official`` raises :class:`~gpscale.bench.official_softki.PeerUnavailable` when the
+    authors' code is not found."""
     if name not in PEERS:
         raise ValueError(f"Unknown peer {name!r}; choose one of {', '.join(sorted(PEERS))}.")
     cls = PEERS[name]

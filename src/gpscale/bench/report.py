@@ -7,7 +7,9 @@ seconds per epoch measured in the same benchmark run. A paper that reports RMSE 
 ``rmse_original``, e.g. GP-GRIEF's Table 1) gets two more columns: our ``rmse_original`` beside the paper's. A paper
 that reports total training seconds (published ``train_seconds``, e.g. the Deep Basis Kernel paper's Table 1) gets
 a column of them beside our ``train s``. Runs trained to convergence get a column of their optimiser steps and how
-many converged before the cap, and runs of ``method="auto"`` one naming the method it fitted.
+many converged before the cap, and runs of ``method="auto"`` one naming the method it fitted. A protocol with a
+``time_reference`` method gets one more table: every method's seconds per epoch on every dataset, each over the
+reference's. Runs skipped because a peer's code is absent are listed with their notes, apart from failed runs.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import numpy as np
 from .protocols import PROTOCOLS
 from .store import ResultsStore
 
-__all__ = ["METRICS", "summarise", "time_ratio", "mean_ranks", "markdown_table", "write_report", "print_table"]
+__all__ = ["METRICS", "summarise", "time_ratio", "mean_ranks", "markdown_table", "time_table", "write_report",
+           "print_table"]
 
 METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb", "rmse_original",
            "accuracy")
@@ -186,6 +189,22 @@ def markdown_table(summary_rows: list[dict], dataset: str) -> str:
     return "\n".join(lines)
 
 
+def time_table(summary_rows: list[dict], reference: str) -> str:
+    """A markdown table of mean seconds per epoch, one row per method and one column per dataset (of one protocol),
+    each cell with its ratio to the ``reference`` method's on that dataset (a dash where either time is missing)."""
+    datasets = _unique(r["dataset"] for r in summary_rows)
+    seconds = {(r["method"], r["dataset"]): r["seconds_per_epoch_mean"] for r in summary_rows}
+    lines = ["| method | " + " | ".join(datasets) + " |", "|" + "---|" * (len(datasets) + 1)]
+    for method in _unique(r["method"] for r in summary_rows):
+        cells = []
+        for dataset in datasets:
+            ours, theirs = seconds.get((method, dataset)), seconds.get((reference, dataset))
+            ratio = ours / theirs if ours and theirs else None
+            cells.append(DASH if ours is None else f"{_number(ours)} ({_ratio(ratio)})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _unique(values) -> list:
     """The distinct non-missing values in order of first appearance."""
     return list(dict.fromkeys(v for v in values if v is not None and v != ""))
@@ -220,6 +239,9 @@ def _protocol_section(name: str, runs: list[dict], summary: list[dict]) -> list[
     if not datasets:
         lines += ["No successful runs.", ""]
     lines += _rank_lines(rows)
+    if known is not None and known.time_reference and datasets:
+        lines += [f"### Seconds per epoch (over {known.time_reference}'s)", "", time_table(rows, known.time_reference),
+                  ""]
     for dataset in datasets:
         lines += [f"### {dataset}", "", markdown_table(rows, dataset), ""]
     return lines
@@ -253,13 +275,22 @@ def _rank_lines(rows: list[dict]) -> list[str]:
             f"{cells}.", ""]
 
 
-def _failures(runs: list[dict]) -> list[str]:
-    """A bullet per failed run with its error message."""
-    failed = [r for r in runs if r.get("status") != "ok"]
-    if not failed:
-        return ["None."]
+def _run_notes(runs: list[dict]) -> list[str]:
+    """A bullet per run with its error message or note."""
     return [f"- `{r['protocol']}` / {r['dataset']} / {r['method']}, split {r.get('split')}, seed {r.get('seed')}: "
-            f"{(r.get('error') or 'unknown error').strip()}" for r in failed]
+            f"{(r.get('error') or 'unknown error').strip()}" for r in runs]
+
+
+def _failures(runs: list[dict]) -> list[str]:
+    """A bullet per failed run (neither successful nor skipped) with its error message."""
+    return _run_notes([r for r in runs if r.get("status") not in ("ok", "skipped")]) or ["None."]
+
+
+def _skipped(runs: list[dict]) -> list[str]:
+    """The section of the runs skipped because a peer's code is absent, with their notes; none when there are
+    none."""
+    skipped = [r for r in runs if r.get("status") == "skipped"]
+    return ["## Skipped runs", "", *_run_notes(skipped), ""] if skipped else []
 
 
 def _markdown(runs: list[dict], summary: list[dict]) -> str:
@@ -267,12 +298,13 @@ def _markdown(runs: list[dict], summary: list[dict]) -> str:
              "mean RMSE and NLPD in bold; *time vs GPyTorch* is the ratio of seconds per epoch to the GPyTorch "
              "peer's, measured in the same run.", "", "## Environment", "", *_environment(runs), ""]
     if not summary:
-        lines += [f"**Every one of the {len(runs)} runs failed**: no scores and no plots. Their errors follow.", ""]
+        lines += [f"**None of the {len(runs)} runs succeeded**: no scores and no plots. Their errors (and the notes "
+                  "of skipped runs) follow.", ""]
     for name in _unique(r["protocol"] for r in runs) if summary else ():
         lines += _protocol_section(name, [r for r in runs if r["protocol"] == name], summary)
     if summary:
         lines += ["## Plots", ""] + [line for file, title in PLOTS.items() for line in (f"![{title}]({file})", "")]
-    lines += ["## Failed runs", "", *_failures(runs), ""]
+    lines += [*_skipped(runs), "## Failed runs", "", *_failures(runs), ""]
     return "\n".join(lines)
 
 

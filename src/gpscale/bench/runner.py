@@ -4,11 +4,13 @@ A run that fails is recorded with its error and the suite goes on. Every gpscale
 estimator, ``GPRegressor(method=key, **options)`` (``GPClassifier`` for a classification likelihood), as a user
 would run it: a published reproduction is a call anyone can make. The data set arrives scaled with its training
 statistics (:func:`gpscale.data.load_dataset`) and the estimator is told the same scaling, so its own scaling
-changes the rows by round-off only. Ours and the GPyTorch peers run on the same data, inducing points from the same
-seeded k-means, in the same process, so their times compare as ratios. A method entry that differs from an earlier
-one on the same split only in the model's ``posterior_options`` (SoftKI's ``calibrate_noise``) reuses that trained
-estimator and refits only its posterior (:meth:`gpscale.GPRegressor.refit_posterior`); its record names the run
-it reused and counts that run's training time and peak memory.
+changes the rows by round-off only. Ours and the peers (GPyTorch's models, the SoftKI authors' code) run on the same
+data, inducing points from the same seeded k-means, in the same process, so their times compare as ratios. A peer
+whose code is not on this machine (``softki-official`` without the authors' folder) is recorded as skipped, with a
+note of where it was looked for. A method entry that differs from an earlier one on the same split only in the
+model's ``posterior_options`` (SoftKI's ``calibrate_noise``) reuses that trained estimator and refits only its
+posterior (:meth:`gpscale.GPRegressor.refit_posterior`); its record names the run it reused and counts that run's
+training time and peak memory.
 """
 from __future__ import annotations
 
@@ -39,12 +41,13 @@ from ..models.base import option_default
 from ..models.inducing import kmeans_centers
 from ..shards import row_blocks
 from .memory import PeakMemory
-from .protocols import MethodSpec, Protocol
+from .official_softki import PeerUnavailable
+from .protocols import MethodSpec, Protocol, is_peer
 from .store import ResultsStore, identity
 
 __all__ = ["run_protocol", "run_one", "machine_info"]
 
-# the training settings of a method entry (the GPyTorch peers take the first three)
+# the training settings of a method entry (the peers take epochs, batch_size and lr)
 TRAINING_OPTIONS = ("epochs", "max_steps", "batch_size", "lr", "optimizer", "val_fraction", "patience", "val_every")
 # a method entry with this key runs gpscale.GPRegressor(**options) (method "auto" unless the options name one): the
 # library as a user gets it
@@ -66,7 +69,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
     Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
     Returns the path of the results file. Under data parallelism (``comm`` of W processes, all running this with
     the same arguments) each process trains on its block of the training rows, and rank 0 scores the test set,
-    writes the results and logs; the GPyTorch peers, which run in one process, are recorded as errors.
+    writes the results and logs; the peers, which run in one process, are recorded as errors.
     ``options`` replace the protocol's method options (e.g. ``{"epochs": 2}``) in every run, and ``data_options``
     its :func:`~gpscale.data.load_dataset` options (e.g. ``{"x_scaling": "standard"}``) on every data set; the
     latter are recorded in each run's options under ``"data"``.
@@ -131,12 +134,12 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
     torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
-    if spec.key.startswith("gpytorch-") and comm.world_size > 1:  # refused alike on every rank, before any collective
-        return {**record, "status": "error", "error": "NotImplementedError: The GPyTorch peers run in one process."}
+    if is_peer(spec.key) and comm.world_size > 1:  # refused alike on every rank, before any collective
+        return {**record, "status": "error", "error": "NotImplementedError: The peers run in one process."}
     try:
         with PeakMemory(device) as peak:
             tic = time.perf_counter()
-            if spec.key.startswith("gpytorch-"):
+            if is_peer(spec.key):
                 train = {k: spec.options[k] for k in TRAINING_OPTIONS if k in spec.options}
                 options = {k: v for k, v in spec.options.items() if k not in TRAINING_OPTIONS}
                 if "n_inducing" in options:
@@ -153,7 +156,8 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
             train_seconds = time.perf_counter() - tic
             Xte = torch.tensor(given.X_test, dtype=torch_dtype, device=device)  # the test rows as training's
             tic = time.perf_counter()
-            mean, var = (t.double().cpu().numpy() for t in predict(Xte))  # classes: probabilities [n*, C]
+            # classes: probabilities [n*, C]; var is None for a peer that predicts a mean only
+            mean, var = (None if t is None else t.double().cpu().numpy() for t in predict(Xte))
             if given is not ds and ds.standardize_y and mean.ndim == 1:  # back on ds's y scale
                 mean, var = (mean - ds.y_mean) / ds.y_std, var / ds.y_std**2
             predict_seconds = time.perf_counter() - tic
@@ -166,9 +170,11 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
         record.update(scores, status="ok", train_seconds=train_seconds,
                       seconds_per_epoch=seconds_per_epoch, predict_seconds=predict_seconds, epochs=epochs,
                       peak_memory_mb=peak_mb)
-        if trained is not None and reused is None and not spec.key.startswith("gpytorch-"):
+        if trained is not None and reused is None and not is_peer(spec.key):
             trained[_training_identity(spec)]["run"] = {"label": spec.name, "train_seconds": train_seconds,
                                                         "peak_memory_mb": peak_mb}
+    except PeerUnavailable as missing:  # not run here, which is no failure of the peer or of ours
+        record.update(status="skipped", error=str(missing))
     except Exception as err:  # noqa: BLE001 - a failed run is data, not a crash of the suite
         if comm.world_size > 1:
             raise RuntimeError(f"Rank {comm.rank}: {spec.name} on {ds.name} failed ({type(err).__name__}: {err}). "
@@ -277,16 +283,16 @@ def _run_peer(key, options, train, X, y, seed, progress):
     return peer.predict, float(np.mean(seconds)), len(seconds)
 
 
-def _scores(ds, mean: np.ndarray, var: np.ndarray) -> dict:
+def _scores(ds, mean: np.ndarray, var: np.ndarray | None) -> dict:
+    """RMSE (standardised and in y's units), NLPD, 95% coverage and the calibration curve of predictive moments
+    [n*]; with no variance (``var`` None, a peer that predicts a mean only) the RMSEs alone, the others missing."""
     y = ds.y_test
+    scores = {"rmse": metrics.rmse(y, mean), "rmse_original": metrics.rmse(y, mean) * float(ds.y_std)}
+    if var is None:
+        return scores
     levels, empirical = metrics.coverage_curve(y, mean, var, CALIBRATION_LEVELS)
-    return {
-        "rmse": metrics.rmse(y, mean),
-        "nlpd": metrics.nlpd(y, mean, var),
-        "coverage": metrics.coverage(y, mean, var, 0.95),
-        "calibration": {"levels": list(map(float, levels)), "empirical": list(map(float, empirical))},
-        "rmse_original": metrics.rmse(y, mean) * float(ds.y_std),
-    }
+    return {**scores, "nlpd": metrics.nlpd(y, mean, var), "coverage": metrics.coverage(y, mean, var, 0.95),
+            "calibration": {"levels": list(map(float, levels)), "empirical": list(map(float, empirical))}}
 
 
 def _class_scores(ds, probabilities: np.ndarray) -> dict:
@@ -350,12 +356,17 @@ def _select(items, wanted, name_of, what):
     return [known[w] for w in wanted]
 
 
+def _shown(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _line(record: dict) -> str:
     head = f"{record['method']:<16} {record['dataset']:<12} split {record['split']} seed {record['seed']}"
     if record["status"] != "ok":
-        return f"{head}  FAILED  {record['error']}"
+        return f"{head}  {'SKIPPED' if record['status'] == 'skipped' else 'FAILED'}  {record['error']}"
     scores = (f"accuracy {record['accuracy']:.4f}  nlpd {record['nlpd']:.3f}" if "accuracy" in record else
-              f"rmse {record['rmse']:.4f}  nlpd {record['nlpd']:.3f}  cov {record['coverage']:.3f}")
+              f"rmse {record['rmse']:.4f}  nlpd {_shown(record.get('nlpd'), 3)}  "
+              f"cov {_shown(record.get('coverage'), 3)}")
     return (f"{head}  {scores}  "
             f"{record['seconds_per_epoch']:.3f} s/epoch  train {record['train_seconds']:.1f} s  "
             f"peak {record['peak_memory_mb'] or 0:.0f} MB")

@@ -21,7 +21,7 @@ COLUMNS: dict[str, str] = {
     "method": "TEXT", "options": "TEXT",  # options: JSON, sorted keys
     "dataset": "TEXT", "split": "INTEGER", "seed": "INTEGER",
     "n_train": "INTEGER", "n_test": "INTEGER", "d": "INTEGER",
-    "status": "TEXT", "error": "TEXT",  # status: 'ok' or 'error'
+    "status": "TEXT", "error": "TEXT",  # status: 'ok', 'error' or 'skipped' (a peer's code absent; error: the note)
     "rmse": "REAL", "nlpd": "REAL", "coverage": "REAL",  # on standardised y; coverage of the central 95%
     "calibration": "TEXT",  # JSON {"levels": [...], "empirical": [...]}
     "rmse_original": "REAL",  # RMSE in the units of y

@@ -6,10 +6,11 @@ ours. A protocol's ``version`` changes whenever a change would alter its numbers
 the same version.
 
 Method keys are gpscale registry keys (``sgpr``, ``svgp``, ...), ``estimator`` (``GPRegressor(**options)``) or
-GPyTorch peers (``gpytorch-sgpr``, ``gpytorch-svgp``, ``gpytorch-exact``). Options are those of the method plus the
-training settings ``epochs``, ``batch_size`` and ``lr``, and, for gpscale methods only, ``val_fraction`` and
-``patience`` (early stopping on the validation NLPD, see :func:`gpscale.train.fit`; the GPyTorch peers train for a
-fixed number of epochs). A method entry may carry ``max_n``: datasets with more training points skip it.
+peers (:data:`PEER_KEYS`: the GPyTorch ``gpytorch-sgpr``, ``gpytorch-svgp``, ``gpytorch-exact``, and the SoftKI
+authors' code, ``softki-official``). Options are those of the method plus the training settings ``epochs``,
+``batch_size`` and ``lr``, and, for gpscale methods only, ``val_fraction`` and ``patience`` (early stopping on the
+validation NLPD, see :func:`gpscale.train.fit`; the peers train for a fixed number of epochs). A method entry may
+carry ``max_n``: datasets with more training points skip it.
 
 The file format, one ``[[protocol]]`` table per protocol::
 
@@ -24,6 +25,7 @@ The file format, one ``[[protocol]]`` table per protocol::
     requires_data = true                    # or a list: datasets skipped, with a note, when not on disk
     published = "quick.csv"                 # optional: label, dataset, then one column per metric
     source = "..."                          # where the published numbers come from
+    time_reference = "softki"               # optional: the report gives every method's s/epoch over this one's
     [protocol.dataset_options]              # keyword arguments of gpscale.data.load_dataset, per dataset
     friedman1 = { n = 40_000 }
     [[protocol.method]]
@@ -46,7 +48,17 @@ from importlib.resources.abc import Traversable
 
 from ...kernels import SOFTPLUS_ZERO
 
-__all__ = ["MethodSpec", "Protocol", "PROTOCOLS", "get_protocol", "register_protocol", "read_protocols"]
+__all__ = ["MethodSpec", "Protocol", "PROTOCOLS", "PEER_KEYS", "is_peer", "get_protocol", "register_protocol",
+           "read_protocols"]
+
+# The method keys of the peers (gpscale.bench.peers.PEERS, which needs gpytorch to import): other code, not gpscale's,
+# that the runner trains on the same data for a fixed number of epochs.
+PEER_KEYS = frozenset({"gpytorch-exact", "gpytorch-sgpr", "gpytorch-svgp", "softki-official"})
+
+
+def is_peer(key: str) -> bool:
+    """Whether a method key names a peer rather than a gpscale method or the estimator."""
+    return key in PEER_KEYS
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,7 @@ class Protocol:
     requires_data: tuple[str, ...] = ()  # datasets skipped (with a note) when the data folder lacks them
     published: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     source: str = ""  # where the published numbers come from
+    time_reference: str | None = None  # a method label: the report adds each method's s/epoch over this one's
 
 
 PROTOCOLS: dict[str, Protocol] = {}
@@ -99,7 +112,7 @@ PAPER_START = {"lengthscale": SOFTPLUS_ZERO}
 
 
 def _with_paper_start(spec: MethodSpec) -> MethodSpec:
-    ours = not (spec.key.startswith("gpytorch-") or spec.key == "estimator" or spec.key in _NOT_STATIONARY)
+    ours = not (is_peer(spec.key) or spec.key == "estimator" or spec.key in _NOT_STATIONARY)
     if not ours or "lengthscale" in spec.options or spec.options.get("kernel", "rbf") not in _STATIONARY_KERNELS:
         return spec
     return replace(spec, options={**spec.options, **PAPER_START})
@@ -152,9 +165,13 @@ def _protocol(table: dict, folder: Traversable) -> Protocol:
         raise ValueError(f"Protocol {table['name']!r}: dataset_splits names {sorted(unknown)}, which are not among "
                          "its datasets.")
     requires = table.get("requires_data", False)
+    methods = tuple(_method(method) for method in table["method"])
+    reference = table.get("time_reference")
+    if reference is not None and reference not in {spec.name for spec in methods}:
+        raise ValueError(f"Protocol {table['name']!r}: time_reference {reference!r} is not one of its method labels.")
     return Protocol(
         name=table["name"], version=table["version"], description=table["description"],
-        methods=tuple(_method(method) for method in table["method"]),
+        methods=methods,
         datasets=datasets,
         splits=tuple(table.get("splits", (0,))),
         seeds=tuple(table.get("seeds", (0,))),
@@ -163,6 +180,7 @@ def _protocol(table: dict, folder: Traversable) -> Protocol:
         requires_data=tuple(datasets) if requires is True else tuple(requires or ()),
         published=_published(folder / "published" / table["published"]) if "published" in table else {},
         source=table.get("source", ""),
+        time_reference=reference,
     )
 
 

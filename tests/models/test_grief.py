@@ -942,3 +942,41 @@ def test_regressor_fits_predicts_and_round_trips(tmp_path):
     assert loaded.model_.key == "grief" and loaded.model_.cache.keys() == reg.model_.cache.keys()
     for a, b in zip((mean, std), loaded.predict(X[120:], return_std=True)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_dropped_variance_is_the_prior_variance_the_top_p_truncation_leaves_out():
+    # dense reference: s_f^2 - phi(x)^T phi(x), phi from the eigenpairs of the full K_UU of the grid (all m of them
+    # at p = m, where the Nystrom kernel is k_XU K_UU^{-1} k_UX), the top p of them otherwise
+    X = torch.rand(40, 2, generator=torch.Generator().manual_seed(3), dtype=F64) * 2 - 1
+    model = GRIEF(2, n_eigen=36, grid_size=6, init_exact_points=0, lengthscale=0.7, outputscale=1.3).double()
+    model.init(X, torch.zeros(40, dtype=F64))
+    U = torch.cartesian_prod(*model.grids())
+    K_uu = model.kernel(U, U) + 1e-12 * torch.eye(36, dtype=F64)
+    k_xu = model.kernel(X, U)
+    nystrom = (k_xu @ torch.linalg.solve(K_uu, k_xu.T)).diagonal()
+    # (about 6e-5: the grid's 36 points nearly span the kernel on 40 rows; round-off in K_UU's smallest
+    # eigenvalues moves it by about 3e-8)
+    assert grief_init.dropped_variance(model, X) == pytest.approx((1.3 - nystrom).mean().item(), abs=1e-7)
+    lam, Q = torch.linalg.eigh(K_uu)
+    top = Q[:, -8:] / lam[-8:].sqrt()  # the top 8 eigenfunctions
+    model.n_eigen_.fill_(8)
+    assert grief_init.dropped_variance(model, X) == pytest.approx(
+        (1.3 - ((k_xu @ top) ** 2).sum(1)).mean().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("n_eigen, stretched", [(4, True), (144, False)])
+def test_the_multi_start_runs_only_where_the_truncation_drops_more_than_the_noise_hides(monkeypatch, n_eigen,
+                                                                                        stretched):
+    # p = 4 of a 12 x 12 grid drops much of the kernel of a function of two inputs; p = 144 keeps nearly all of it,
+    # far less than the noise (std 0.3) hides: the rank-p evidence is then the exact GP's, whose theta the stretched
+    # starts cannot improve on
+    g = torch.Generator().manual_seed(4)
+    X = torch.rand(300, 2, generator=g, dtype=F64) * 4 - 2
+    y = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.3 * torch.randn(300, generator=g, dtype=F64)
+    found = []
+    dropped = grief_init.dropped_variance
+    monkeypatch.setattr(grief_init, "dropped_variance", lambda *args: found.append(dropped(*args)) or found[-1])
+    monkeypatch.setattr(grief_init, "stretched_starts", lambda *args: found.append("stretched"))
+    GRIEF(2, n_eigen=n_eigen, grid_size=12).double().init(X, y)
+    assert (found[-1] == "stretched") == stretched
+    assert (found[0] > 0.1 * 0.09) == stretched  # the exact GP's sigma^2: 0.0897; dropped: 0.116 and 5e-7

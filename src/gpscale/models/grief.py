@@ -82,7 +82,10 @@ class GRIEF(FeatureSpaceGP):
         init_stretch: factors applied to the exact GP's lengthscales to give the starts of a multi-start type-II
             fit on the exact GP's rows (:func:`~gpscale.models.grief_init.stretched_starts`); the start with the
             largest GRIEF evidence there initialises training. Default ``(1, 2, 4, 8, 16)``; ``(1,)`` is the
-            paper's single start. Only with the exact-GP initialisation (``init_exact_points > 0``).
+            paper's single start. Only with the exact-GP initialisation (``init_exact_points > 0``), and skipped
+            where the top p eigenfunctions at the exact GP's theta drop less prior variance than a tenth of its
+            sigma^2 (:data:`~gpscale.models.grief_init.NEGLIGIBLE_DROP`): the rank-p evidence is then the exact
+            GP's, whose theta the starts do not improve on (e.g. p = 1,000 on a few inputs).
         jitter: added to each 1-D grid factor K^(i) (default 1e-12, the official code's).
         kernel: only ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method) or an
             :class:`~gpscale.kernels.RBF`: the grid algebra needs a product of 1-D squared exponentials. ``ard``

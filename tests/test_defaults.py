@@ -5,6 +5,7 @@ import io
 
 import numpy as np
 import pytest
+import torch
 
 from gpscale import GPClassifier, GPRegressor, load
 from gpscale.cli import main
@@ -142,3 +143,25 @@ def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
     for params in ({"method": "sgpr", "n_inducing": 50}, {"method": "sgpr", "n_inducing": 50, "max_steps": 7}):
         reg = GPRegressor(progress=False, **params).fit(X, X.sum(1))
         assert reg.training_["max_steps"] == params.get("max_steps", 125)
+
+
+@pytest.mark.parametrize("method", ["svgp", "softki", "sgpr", "exact"])
+def test_dtype_auto_is_float32_for_the_methods_measured_safe_in_it_and_float64_for_the_others(method, tmp_path):
+    X, y = data(120)
+    reg = GPRegressor(method=method, n_inducing=10, epochs=2, progress=False).fit(X, y)
+    expected = torch.float32 if method in defaults.FLOAT32_METHODS else torch.float64
+    assert reg.dtype == "auto" and reg.dtype_ == expected
+    assert next(reg.model_.parameters()).dtype == expected
+    reg.save(tmp_path / "m.gps")
+    assert load(tmp_path / "m.gps").dtype_ == expected
+    # a dtype given is a dtype kept, whatever the method's default
+    other = torch.float64 if expected == torch.float32 else torch.float32
+    assert GPRegressor(method=method, n_inducing=10, epochs=2, progress=False,
+                       dtype=other).fit(X, y).dtype_ == other
+
+
+def test_auto_chooses_the_method_before_its_dtype():
+    X, y = data(120)
+    reg = GPRegressor(progress=False).fit(X, y)  # 'auto' picks the exact GP for 120 rows
+    assert reg.method_ == "exact" and reg.dtype_ == torch.float64
+    assert defaults.default_dtype("svgp") == "float32" and defaults.default_dtype("my-own-model") == "float64"

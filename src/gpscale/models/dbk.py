@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..kernels.deep_basis import (ACTIVATIONS, DEFAULT_DEPTH, NETWORKS, DeepBasisKernel, mlp, prior_variance,
                                    residual_mlp)
@@ -190,7 +191,7 @@ class DeepBasisModel(GPModel):
     @torch.no_grad()
     def max_prior_variance(self, X: Tensor) -> Tensor:
         """k_max = max_i ||phi(x_i)||^2 over the rows of X [n, d], one chunk at a time (float64 scalar)."""
-        maxima = [prior_variance(self.kernel.basis(Xc)).max() for Xc in X.split(self.chunk_size)]
+        maxima = [prior_variance(self.kernel.basis(Xc)).max() for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
         return torch.stack(maxima).max().to(CORE)
 
     @torch.no_grad()

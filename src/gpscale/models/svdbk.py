@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..kernels.deep_basis import prior_variance
 from ..linalg import CORE
@@ -170,7 +171,7 @@ class SVDBK(DeepBasisModel, VariationalGP):
         """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||S^T phi_i||^2`` and the prior variances
         ``k_i = ||phi_i||^2`` of the rows X [n, d], y [n]: two [n] float64 vectors, in one chunked pass."""
         errors, variances = [], []
-        for Xc, yc in zip(X.split(self.chunk_size), y.split(self.chunk_size)):
+        for Xc, yc in chunks_on(self.device, self.chunk_size, X, y):
             Phi = self.kernel.basis(Xc).to(CORE)
             mean, var = super().predict_chunk(Phi)
             errors.append((yc.to(CORE) - mean) ** 2 + var)

@@ -12,18 +12,22 @@ the host has queued its next work. Inside :func:`deferred_checks`, :func:`check_
 flag on the device instead and answers "passed", so the work goes on without waiting. Whoever opened the block
 reads all the flags at once at its end (one wait instead of one per check) and, if any check failed, redoes the
 work with eager checks, which repair (a Cholesky's jitter) or raise exactly as they would have: the training loop
-speculates so over each epoch (:func:`gpscale.train.fit`).
+speculates so over each epoch (:func:`gpscale.train.fit`). :func:`none_set` reads only where reading is free.
+
+Constants. A tensor made on the host and used on the device in every step (a group's matrices) is copied from
+pageable memory, which waits for the device as a read does: :class:`HostConstants` copies it to each device once.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
-__all__ = ["DeferredChecks", "deferred_checks", "check_failed", "none_set", "chunks_on", "pinned_for", "to_device"]
+__all__ = ["DeferredChecks", "deferred_checks", "check_failed", "none_set", "HostConstants", "chunks_on", "pinned_for",
+           "to_device"]
 
 
 class DeferredChecks:
@@ -72,6 +76,25 @@ def none_set(flag: Tensor) -> bool:
     on the CPU, where a read costs no wait; elsewhere False without a read, so that the work is done (on a GPU a few
     element-wise kernels cost less than stopping the host until the device has caught up)."""
     return flag.device.type == "cpu" and not bool(flag.any())
+
+
+class HostConstants:
+    """Tensors made once on the host (a group's matrices, weights, index lists), each copied once to every dtype and
+    device it is used on: a training step then copies nothing from the host, where each copy from pageable memory
+    makes a GPU's host wait for the device."""
+
+    def __init__(self) -> None:
+        self._made: dict = {}
+        self._copies: dict = {}
+
+    def get(self, key, make: Callable[[], Tensor], dtype: torch.dtype, device: torch.device | None) -> Tensor:
+        """The constant ``key`` (made by ``make()`` on first use) in ``dtype`` on ``device``."""
+        copy = self._copies.get((key, dtype, device))
+        if copy is None:
+            if key not in self._made:
+                self._made[key] = make()
+            copy = self._copies[key, dtype, device] = self._made[key].to(dtype=dtype, device=device)
+        return copy
 
 
 def pinned_for(device: torch.device, rows: Tensor) -> Tensor:

@@ -8,6 +8,11 @@ linear-algebra call that raises on its own status (``torch.linalg.solve``, ``eig
 nothing, but they are where a GPU run would wait, so a test on a machine without one can count them: what
 ``tests/test_device.py`` does for one training step of every method. Reads inside ``torch.optim`` are left out:
 Adam keeps its step counters on the host, so reading them waits for nothing.
+
+It records copies between the host and a device too: to the host (a read), and from pageable host memory to the
+device (``.to(device)`` of a CPU tensor, ``torch.tensor(data, device=...)``), which torch makes wait for the device
+(only a copy from pinned memory with ``non_blocking=True`` does not). Those show only where the model is on a
+device other than the CPU: the meta device serves on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -69,13 +74,28 @@ class _ReadingOperators(TorchDispatchMode):
         self.reads = reads
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         boolean_index = func is aten.index.Tensor and any(
             index is not None and index.dtype == torch.bool for index in args[1])
         if func._overloadpacket in READING_OPERATORS or boolean_index:
-            read = _caller(str(func._overloadpacket))
-            if read is not None:
-                self.reads.append(read)
-        return func(*args, **(kwargs or {}))
+            self._record(str(func._overloadpacket))
+        elif func is aten._to_copy.default and kwargs.get("device") is not None:
+            self._record_copy(args[0], torch.device(kwargs["device"]), kwargs.get("non_blocking", False))
+        elif func._overloadpacket is aten.copy_:
+            self._record_copy(args[1], args[0].device, kwargs.get("non_blocking", args[2] if len(args) > 2 else False))
+        return func(*args, **kwargs)
+
+    def _record(self, operation: str) -> None:
+        read = _caller(operation)
+        if read is not None:
+            self.reads.append(read)
+
+    def _record_copy(self, source, destination: torch.device, non_blocking: bool) -> None:
+        """A copy that waits: to the host, or to a device from pageable host memory."""
+        if source.device.type != "cpu" and destination.type == "cpu":
+            self._record(f"copy from {source.device.type} to the host")
+        elif source.device.type == "cpu" and destination.type != "cpu" and not (non_blocking and source.is_pinned()):
+            self._record(f"copy from the host to {destination.type}")
 
 
 class _ReadingMethods(TorchFunctionMode):
@@ -84,11 +104,18 @@ class _ReadingMethods(TorchFunctionMode):
         self.reads = reads
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func in READING_METHODS:
-            read = _caller(f"Tensor.{func.__name__}")
-            if read is not None:
-                self.reads.append(read)
-        return func(*args, **(kwargs or {}))
+            operation = f"Tensor.{func.__name__}"
+        elif func in (torch.tensor, torch.as_tensor) and not torch.is_tensor(args[0]) and \
+                torch.device(kwargs.get("device") or "cpu").type != "cpu":  # made on the host, then copied
+            operation = f"torch.{func.__name__} onto {torch.device(kwargs['device']).type}"
+        else:
+            return func(*args, **kwargs)
+        read = _caller(operation)
+        if read is not None:
+            self.reads.append(read)
+        return func(*args, **kwargs)
 
 
 def host_reads(fn) -> list[HostRead]:

@@ -151,11 +151,16 @@ class DeepBasisModel(GPModel):
         self.check_posterior_options()
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible
+        # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible. Each
+        # layer is drawn on the CPU (as nn.Linear draws itself) and copied, so that a GPU's generator, which draws
+        # other numbers from the same seed, does not make a fit there differ from one on the CPU.
         if self.builtin_network:
-            for layer in self.kernel.network.modules():
-                if isinstance(layer, nn.Linear):
-                    layer.reset_parameters()
+            with torch.no_grad():
+                for layer in self.kernel.network.modules():
+                    if isinstance(layer, nn.Linear):
+                        drawn = nn.Linear(layer.in_features, layer.out_features, dtype=layer.weight.dtype)
+                        layer.weight.copy_(drawn.weight)
+                        layer.bias.copy_(drawn.bias)
 
     def check_posterior_options(self) -> None:
         if not isinstance(self.calibrate_noise, (bool, np.bool_)):

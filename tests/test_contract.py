@@ -6,6 +6,8 @@ finite and non-negative, near the data and far from it; the posterior and the fu
 on the chunk size; every parameter the optimiser moves gets a finite gradient; float32 runs and agrees with float64;
 bad input is refused before any training; and, for the methods with a classification likelihood, the classifier's
 probabilities are probabilities. Engines are tested against dense formulas in their own files.
+
+The tests that fit run on every device in ``DEVICES``: the CPU, and a CUDA device where there is one.
 """
 import copy
 import inspect
@@ -43,11 +45,13 @@ TINY = {
 }
 METHODS = sorted(TINY)
 CLASSIFIERS = sorted(k for k in TINY if "bernoulli" in get_model_class(k).likelihoods)
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+on_every_device = pytest.mark.parametrize("device", DEVICES)
 
 
-def regressor(method: str, **options) -> GPRegressor:
+def regressor(method: str, device: str = "cpu", **options) -> GPRegressor:
     settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, **TINY[method], **options}
-    return GPRegressor(method=method, progress=False, **settings)
+    return GPRegressor(method=method, progress=False, device=device, **settings)
 
 
 def data(n=80, d=3, seed=0):
@@ -56,33 +60,42 @@ def data(n=80, d=3, seed=0):
     return X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.standard_normal(n) + 5.0
 
 
-_FITTED: dict[str, GPRegressor] = {}
+_FITTED: dict[tuple[str, str], GPRegressor] = {}
 
 
-def fitted(method: str) -> GPRegressor:
-    """One fit per method, shared by the tests that only read it."""
-    if method not in _FITTED:
-        _FITTED[method] = regressor(method).fit(*data())
-    return _FITTED[method]
+def fitted(method: str, device: str = "cpu") -> GPRegressor:
+    """One fit per method and device, shared by the tests that only read it."""
+    if (method, device) not in _FITTED:
+        _FITTED[method, device] = regressor(method, device).fit(*data())
+    return _FITTED[method, device]
+
+
+def standardised(reg: GPRegressor, X: np.ndarray, y: np.ndarray | None = None, dtype=torch.float64):
+    """X (and y) scaled as ``reg`` scaled its training rows, as tensors on its device."""
+    as_tensor = dict(dtype=dtype, device=reg.device_)
+    Xt = torch.tensor((X - reg.x_mean_) / reg.x_std_, **as_tensor)
+    return Xt if y is None else (Xt, torch.tensor((y - reg.y_mean_) / reg.y_std_, **as_tensor))
 
 
 def test_every_registered_method_is_under_contract():
     assert METHODS == available_methods()
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_check_estimator(method):
+def test_check_estimator(method, device):
     # method options are keyword arguments beyond the signature, which this one check cannot see
     expected = {"check_no_attributes_set_in_init": "method options are **kwargs"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        check_estimator(regressor(method, epochs=30, batch_size=64, lr=TINY[method].get("lr", 0.1)),
+        check_estimator(regressor(method, device, epochs=30, batch_size=64, lr=TINY[method].get("lr", 0.1)),
                         expected_failed_checks=expected)
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_save_and_load_give_bit_identical_predictions(tmp_path, method):
-    reg = fitted(method)
+def test_save_and_load_give_bit_identical_predictions(tmp_path, method, device):
+    reg = fitted(method, device)
     reg.save(tmp_path / "model.gps")
     loaded = gpscale.load(tmp_path / "model.gps")
     Xs = data(20, seed=1)[0]
@@ -91,9 +104,10 @@ def test_save_and_load_give_bit_identical_predictions(tmp_path, method):
     assert loaded.get_params() == reg.get_params() and loaded.method_ == method
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_variances_are_finite_and_non_negative_near_the_data_and_far_from_it(method):
-    reg = fitted(method)
+def test_variances_are_finite_and_non_negative_near_the_data_and_far_from_it(method, device):
+    reg = fitted(method, device)
     Xs = np.vstack([data(20, seed=1)[0], np.full((3, 3), 50.0)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a deep basis kernel warns that it extrapolates, as it should
@@ -103,12 +117,11 @@ def test_variances_are_finite_and_non_negative_near_the_data_and_far_from_it(met
     assert (latent_std >= 0).all() and (std >= latent_std).all()  # the noise adds to the latent variance
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_the_posterior_and_the_objective_do_not_depend_on_the_chunk_size(method):
-    reg = fitted(method)
-    X, y = data()
-    Xt = torch.tensor((X - reg.x_mean_) / reg.x_std_)
-    yt = torch.tensor((y - reg.y_mean_) / reg.y_std_)
+def test_the_posterior_and_the_objective_do_not_depend_on_the_chunk_size(method, device):
+    reg = fitted(method, device)
+    Xt, yt = standardised(reg, *data())
     small = copy.deepcopy(reg.model_)
     small.chunk_size = 7
     small.fit_posterior(Xt, yt)
@@ -120,15 +133,14 @@ def test_the_posterior_and_the_objective_do_not_depend_on_the_chunk_size(method)
                                        rtol=1e-9, atol=1e-12)
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_every_parameter_the_optimiser_moves_gets_a_finite_gradient(method):
-    reg = fitted(method)
+def test_every_parameter_the_optimiser_moves_gets_a_finite_gradient(method, device):
+    reg = fitted(method, device)
     model = copy.deepcopy(reg.model_).train()
     if not model.trainable:
         return  # its inference is all in the posterior fit
-    X, y = data()
-    Xt = torch.tensor((X - reg.x_mean_) / reg.x_std_)
-    yt = torch.tensor((y - reg.y_mean_) / reg.y_std_)
+    Xt, yt = standardised(reg, *data())
     rows = slice(None) if model.full_batch else slice(0, 32)
     model.loss(Xt[rows], yt[rows], len(yt)).backward()
     moved = [p for group in model.parameter_groups() for p in group["params"]]
@@ -138,27 +150,26 @@ def test_every_parameter_the_optimiser_moves_gets_a_finite_gradient(method):
             assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
 
+@on_every_device
 @pytest.mark.parametrize("method", METHODS)
-def test_float32_trains_and_its_posterior_agrees_with_float64_at_the_same_parameters(method):
+def test_float32_trains_and_its_posterior_agrees_with_float64_at_the_same_parameters(method, device):
     X, y = data()
     Xs = data(20, seed=1)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        single = regressor(method, dtype="float32").fit(X, y)
+        single = regressor(method, device, dtype="float32").fit(X, y)
     assert next(single.model_.parameters()).dtype == torch.float32
     assert all(np.isfinite(a).all() for a in single.predict(Xs, return_std=True))
     # training paths part within a few Adam steps (a step's size barely depends on its gradient's), so the
     # precisions are compared on one set of parameters: the float64 fit's, its posterior refitted in float32
-    reg = fitted(method)
+    reg = fitted(method, device)
     model = copy.deepcopy(reg.model_).float()
-    to32 = dict(dtype=torch.float32)
-    model.fit_posterior(torch.tensor((X - reg.x_mean_) / reg.x_std_, **to32),
-                        torch.tensor((y - reg.y_mean_) / reg.y_std_, **to32))
+    model.fit_posterior(*standardised(reg, X, y, torch.float32))
     with torch.no_grad():
-        mean32, var32 = model.predict(torch.tensor((Xs - reg.x_mean_) / reg.x_std_, **to32))
+        mean32, var32 = (t.double().cpu().numpy() for t in model.predict(standardised(reg, Xs, dtype=torch.float32)))
     mean64, std64 = reg.predict(Xs, return_std=True, latent=True)
-    np.testing.assert_allclose(mean32.double().numpy() * reg.y_std_ + reg.y_mean_, mean64, rtol=0, atol=1e-3)
-    np.testing.assert_allclose(np.sqrt(var32.double().numpy()) * reg.y_std_, std64, rtol=0, atol=1e-3)
+    np.testing.assert_allclose(mean32 * reg.y_std_ + reg.y_mean_, mean64, rtol=0, atol=1e-3)
+    np.testing.assert_allclose(np.sqrt(var32) * reg.y_std_, std64, rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -183,12 +194,13 @@ def test_posterior_options_are_constructor_options(method):
                    if "__init__" in vars(klass))
 
 
+@on_every_device
 @pytest.mark.parametrize("method", CLASSIFIERS)
-def test_a_classifier_gives_probabilities_and_saves(tmp_path, method):
+def test_a_classifier_gives_probabilities_and_saves(tmp_path, method, device):
     X, _ = data(80)
     labels = np.where(X[:, 0] + 0.3 * X[:, 1] > 0, "yes", "no")
     settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, **TINY[method]}
-    clf = GPClassifier(method=method, progress=False, **settings).fit(X, labels)
+    clf = GPClassifier(method=method, progress=False, device=device, **settings).fit(X, labels)
     p = clf.predict_proba(X)
     assert p.shape == (80, 2) and np.all((p >= 0) & (p <= 1)) and np.allclose(p.sum(1), 1)
     assert set(clf.predict(X)) <= {"no", "yes"} and list(clf.classes_) == ["no", "yes"]
@@ -209,16 +221,17 @@ def _awkward_data():
     yield "two rows", X[:2], y[:2]
 
 
+@on_every_device
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("method", METHODS)
-def test_awkward_data_gives_finite_predictions_or_a_clear_error(method, dtype):
+def test_awkward_data_gives_finite_predictions_or_a_clear_error(method, dtype, device):
     """The numerical stress matrix: every method and dtype on each awkward data set predicts a finite mean and std,
     or refuses with a ValueError or RuntimeError (NotPSDError, TrainingError) that says what went wrong."""
     for name, X, y in _awkward_data():
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                mean, std = regressor(method, dtype=dtype, epochs=2).fit(X, y).predict(X, return_std=True)
+                mean, std = regressor(method, device, dtype=dtype, epochs=2).fit(X, y).predict(X, return_std=True)
         except (ValueError, RuntimeError) as err:
             assert len(str(err)) > 40, f"{name}: {err!r}"
             continue

@@ -10,8 +10,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
 # lowest first: numerics and plumbing; kernels and likelihoods; the models (the two engines and the methods on them);
 # training; the estimators; the benchmark; the command line
 LAYERS = [
-    {"_version", "_stack", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs", "mcmc",
-     "operators", "io", "data", "options"},
+    {"_version", "_stack", "device", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs",
+     "mcmc", "operators", "io", "data", "options"},
     {"kernels", "likelihoods"},
     {"models"},
     {"train"},

@@ -17,7 +17,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "broadcast_state", "leave_job"]
+__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "global_count", "broadcast_state", "leave_job"]
 
 _STARTED_HERE = False  # whether TorchComm.from_env created the process group, which leave_job then destroys
 
@@ -72,6 +72,14 @@ class LocalComm(Comm):
 
 
 LOCAL = LocalComm()
+
+
+def global_count(n: int, comm: Comm) -> int:
+    """The sum over processes of a count ``n`` (rows, say): in one process n itself, with no tensor to read back
+    (a read that, in a training step on a GPU, would wait for the device); under data parallelism an all-reduce."""
+    if comm.world_size == 1:
+        return n
+    return int(comm.all_reduce_sum(torch.tensor(float(n), dtype=torch.float64)).item())
 
 
 def process_device(device: str) -> str:

@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._version import __version__
 from .defaults import Choice, choose_method, default_dtype, sgpr_max_steps
-from .distributed import LOCAL, Comm, TorchComm
+from .distributed import LOCAL, Comm, TorchComm, global_count
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
@@ -139,7 +139,7 @@ class _GPEstimator(BaseEstimator):
         fitted attributes, ``fitted`` among them, are set together at the end: a fit that fails or is interrupted
         leaves the estimator as it was."""
         device = self._check_settings()
-        n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=torch.float64)).item())
+        n = global_count(X.shape[0], comm)
         x_scale = fit_scaling(X, self.x_scaling, comm)
         if self.method == "auto":
             choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing)
@@ -287,10 +287,12 @@ class _GPEstimator(BaseEstimator):
 
     # --- prediction --------------------------------------------------------------------------------------
     def _inputs(self, X) -> torch.Tensor:
-        """X after the checks every predict method makes, standardised, as a tensor (call without autograd)."""
+        """X after the checks every predict method makes, standardised, as a tensor (call without autograd) in host
+        memory: the model copies it to its device chunk by chunk, asynchronously (:meth:`GPModel.predict`), so a
+        GPU holds a chunk of the rows, not all of them."""
         check_is_fitted(self, "model_")
         X = validate_data(self, _as_numpy(X), reset=False, dtype=np.float64)
-        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=self.dtype_, device=self.device_)
+        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=self.dtype_)
         self.model_.check_inputs(X)
         return X
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.functional import softplus
 
+from .device import check_failed
 from .kernels.stationary import SOFTPLUS_ZERO, inverse_softplus
 
 __all__ = ["Gaussian", "Bernoulli", "RobustMax", "Softmax", "make_likelihood", "LIKELIHOODS"]
@@ -162,9 +163,10 @@ class _MultiClass(nn.Module):
             raise ValueError(f"Labels have shape {tuple(y.shape)} but mean is {tuple(mean.shape)}; {hint}.")
         if y.dtype == torch.bool or y.is_complex():
             raise ValueError(f"Labels have dtype {y.dtype}; {hint}.")
-        if y.is_floating_point() and not bool((y == torch.round(y)).all()):
-            raise ValueError(f"Labels must be whole numbers, got non-integer values (dtype {y.dtype}); {hint}.")
-        if b and not (0 <= y.min().item() and y.max().item() <= C - 1):
+        # one read on the host for both checks, deferrable in a training step (gpscale.device.check_failed)
+        if check_failed((y != torch.round(y)) | (y < 0) | (y > C - 1)):
+            if y.is_floating_point() and not bool((y == torch.round(y)).all()):
+                raise ValueError(f"Labels must be whole numbers, got non-integer values (dtype {y.dtype}); {hint}.")
             raise ValueError(f"Labels must lie in 0..{C - 1}, got values from {y.min().item()} to "
                              f"{y.max().item()}; {hint} (classes numbered from 0, not 1 and not -1/+1).")
         return y.to(device=mean.device, dtype=torch.long)

@@ -15,14 +15,18 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
+from .device import check_failed
+
 __all__ = [
     "CORE",
     "NotPSDError",
     "NumericalWarning",
     "cholesky",
+    "solve",
     "solve_lower",
     "solve_upper",
     "cho_solve",
+    "cholesky_inverse",
     "logdet_from_cholesky",
     "inverse_cholesky",
     "lower_inverse",
@@ -53,16 +57,19 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     If the factorisation fails, ``jitter * mean(diag(A)) * 10**i`` is added to the diagonal for
     ``i = 0 .. max_tries - 1`` and a :class:`NumericalWarning` says how much was needed. If every try fails,
     :class:`NotPSDError` explains what to change. NaN or inf input raises at once: no jitter repairs it.
+
+    Whether the first try succeeded is one read on the host (:func:`gpscale.device.check_failed`); inside
+    :func:`gpscale.device.deferred_checks` it is deferred, and the first try's factor is returned as if it had.
     """
+    L, info = torch.linalg.cholesky_ex(A)
+    if not check_failed(info.ne(0).any() | ~torch.isfinite(A).all()):
+        return L
     if not torch.isfinite(A).all():
         bad = (~torch.isfinite(A)).sum().item()
         raise NotPSDError(
             f"The {what} ({tuple(A.shape)}) has {bad} NaN/inf entries, so it has no Cholesky factor. This usually "
             "means the training diverged: lower the learning rate, or use dtype='float64'."
         )
-    L, info = torch.linalg.cholesky_ex(A)
-    if not info.any():
-        return L
     scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     for i in range(max_tries):
@@ -83,6 +90,15 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     )
 
 
+def solve(A: Tensor, B: Tensor) -> Tensor:
+    """``A^{-1} B`` for square ``A`` [m, m] and ``B`` [m, k], by LU as ``torch.linalg.solve``, whose error a singular
+    A still raises; the check is one read on the host, deferrable as :func:`cholesky`'s is."""
+    X, info = torch.linalg.solve_ex(A, B)
+    if check_failed(info.ne(0)):
+        return torch.linalg.solve(A, B)  # raises torch's error, naming the singular pivot
+    return X
+
+
 def solve_lower(L: Tensor, B: Tensor) -> Tensor:
     """``L^{-1} B`` for lower-triangular ``L`` [m, m] and ``B`` [m, k]."""
     return torch.linalg.solve_triangular(L, B, upper=False)
@@ -101,6 +117,16 @@ def cho_solve(L: Tensor, B: Tensor) -> Tensor:
 def logdet_from_cholesky(L: Tensor) -> Tensor:
     """``log |A|`` from the Cholesky factor of ``A`` (any triangular factor with ``|A| = prod(diag)^2``)."""
     return 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
+
+
+def cholesky_inverse(L: Tensor) -> Tensor:
+    """``(L L^T)^{-1}`` [..., m, m] from the lower Cholesky factor ``L``, without reading a status on the host: on the
+    CPU by LAPACK's potri (``torch.cholesky_inverse``, 2/3 m^3 flops), whose status check costs nothing there;
+    elsewhere by two triangular solves against the identity, as torch itself computes it on a GPU, less the status
+    check that would wait for the device."""
+    if L.device.type == "cpu":
+        return torch.cholesky_inverse(L)
+    return cho_solve(L, torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L))
 
 
 def lower_inverse(L: Tensor, block: int = 128) -> Tensor:
@@ -144,7 +170,7 @@ class _GaussianLogLikelihood(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         L, alpha = ctx.saved_tensors
-        dK = 0.5 * grad * (torch.outer(alpha, alpha) - torch.cholesky_inverse(L))
+        dK = 0.5 * grad * (torch.outer(alpha, alpha) - cholesky_inverse(L))
         return dK, -grad * alpha, None
 
 

@@ -295,7 +295,8 @@ def mala(
     Args:
         log_target: x [D] -> scalar tensor (or, with ``vectorized=True``, x [C, D] -> [C], one value per chain).
             For positive parameters build it with :func:`transformed_log_target`, which keeps the Jacobian.
-        x0: [D] starting point, shared by all chains (the paper starts at the prior mode).
+        x0: [D] starting point, shared by all chains (the paper starts at the prior mode). The chains run on its
+            device, with random numbers drawn on the host, so that they draw alike on any device.
         n_iterations: total iterations, burn-in included.
         burn_in, thin: the state after iteration i (zero-based) is kept when ``i > burn_in and i % thin == 0``.
         step_size: initial h (the official tutorial's 0.4).
@@ -345,10 +346,15 @@ def mala(
                          f"nothing would be kept. Lower thin or raise n_iterations.")
 
     gen = _generator(seed)
-    dtype, (C, D) = x0.dtype, (n_chains, x0.numel())
+    dtype, device, (C, D) = x0.dtype, x0.device, (n_chains, x0.numel())
+
+    def normal(*shape: int) -> Tensor:
+        # drawn on the host by the seeded generator, then moved: a chain on a GPU draws what it draws on the CPU
+        return torch.randn(*shape, generator=gen, dtype=dtype).to(device)
+
     x = x0.expand(C, D).clone()  # [C, D]
     if init_jitter > 0:
-        x = x + init_jitter * torch.randn(C, D, generator=gen, dtype=dtype)
+        x = x + init_jitter * normal(C, D)
     lp, grad = _value_and_grad(log_target, x, vectorized)  # [C], [C, D]
     bad = ~(torch.isfinite(lp) & torch.isfinite(grad).all(-1))
     if bad.any():
@@ -356,11 +362,11 @@ def mala(
                          f"{bad.nonzero().flatten().tolist()} (log target {lp[bad].tolist()}). Start inside the "
                          f"support, e.g. at the prior mode.")
 
-    h = torch.full((C,), float(step_size), dtype=dtype)  # [C]
-    samples = torch.empty(C, len(keep), D, dtype=dtype)
-    kept_lp = torch.empty(C, len(keep), dtype=dtype)
-    accepted_total = torch.zeros(C, dtype=torch.long)  # since iteration 0, for the tuning rule
-    accepted_burn_in = torch.zeros(C, dtype=torch.long)
+    h = torch.full((C,), float(step_size), dtype=dtype, device=device)  # [C]
+    samples = torch.empty(C, len(keep), D, dtype=dtype, device=device)
+    kept_lp = torch.empty(C, len(keep), dtype=dtype, device=device)
+    accepted_total = torch.zeros(C, dtype=torch.long, device=device)  # since iteration 0, for the tuning rule
+    accepted_burn_in = torch.zeros(C, dtype=torch.long, device=device)
     slot = 0
     keep_set = keep.tolist()
     for i in range(n_iterations):
@@ -370,7 +376,7 @@ def mala(
         if i == burn_in + 1:
             accepted_burn_in = accepted_total.clone()
 
-        xi = torch.randn(C, D, generator=gen, dtype=dtype)
+        xi = normal(C, D)
         x_new = x + (h**2 / 2)[:, None] * grad + h[:, None] * xi  # [C, D]
         lp_new, grad_new = _value_and_grad(log_target, x_new, vectorized)
         log_alpha = lp_new - lp  # [C]
@@ -379,7 +385,7 @@ def mala(
                 x_new, x, grad, h)
         # NaN compares False and +inf/NaN gradients would poison the next proposal: reject all of them
         finite = torch.isfinite(lp_new) & torch.isfinite(grad_new).all(-1)
-        log_u = torch.log(torch.rand(C, generator=gen, dtype=dtype))
+        log_u = torch.log(torch.rand(C, generator=gen, dtype=dtype).to(device))
         accept = finite & (log_u < log_alpha)  # [C]
         x = torch.where(accept[:, None], x_new, x)
         lp = torch.where(accept, lp_new, lp)

@@ -13,7 +13,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from . import lbfgs
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
+from .device import check_failed, deferred_checks, pinned_for, to_device
 from .distributed import LOCAL, Comm, broadcast_state
 from .io import check_writable, write_atomically
 from .linalg import NotPSDError
@@ -289,10 +290,13 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
     bar = progress_bar(range(first, epochs), desc=model.key or "fit", unit="epoch",
                        enabled=progress and comm.rank == 0)
     patience = 10 if patience is None else patience
+    speculate = True
     for epoch in bar:
         tic = time.perf_counter()
         model.train()
-        loss = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm)
+        loss, redone = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm,
+                              speculate)
+        speculate = speculate and not redone  # a check that failed tends to fail again: check eagerly from now
         if scheduler is not None:
             scheduler.step()
         record = {"epoch": epoch, "step": (epoch + 1) * steps_per_epoch, "loss": loss,
@@ -436,32 +440,112 @@ class _Objective(nn.Module):
         return sum((p * 0.0).sum() for p in self.model.parameters() if p.requires_grad)
 
 
-def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm) -> float:
-    """One pass; returns the mean loss over its steps (the global loss under data parallelism)."""
-    if model.full_batch:  # every rank holds its rows of the one loss
-        batches = [None]
+class _Batch(NamedTuple):
+    """One step's rows: ``rows`` None for the full batch; else global row indices that every rank gathers
+    (``gathered``: a batch-coupled loss under data parallelism), or the indices of this process's rows in X, on X's
+    device; ``share`` is this process's share of the global batch."""
+
+    rows: Tensor | None
+    share: float
+    gathered: bool = False
+
+
+def _epoch_batches(model, X: Tensor, generator, batch_size: int, shard: Shard, comm: Comm) -> list[_Batch]:
+    """The steps of one epoch. The permutation is drawn on the host by the training generator, whose state a
+    checkpoint keeps (so a resumed fit reshuffles as the uninterrupted one); the indices of this process's rows go to
+    X's device once for the epoch, asynchronously from pinned memory, not once per step."""
+    if model.full_batch:  # every rank holds its rows of one loss, whose statistics the model all-reduces
+        return [_Batch(None, 1.0 / comm.world_size)]
+    batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
+    if model.batch_coupled and comm.world_size > 1:  # the whole batch, in order, on every rank
+        return [_Batch(rows, 1.0 / comm.world_size, gathered=True) for rows in batches]
+    mine = batches if shard.n == shard.n_global else \
+        [rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset for rows in batches]
+    on_device = to_device(pinned_for(X.device, torch.cat(mine)), X.device).split([len(m) for m in mine])
+    return [_Batch(rows, len(m) / len(b)) for rows, m, b in zip(on_device, mine, batches)]
+
+
+def _step(model, objective, X, y, batch: _Batch, optimiser, shard: Shard, comm: Comm) -> Tensor:
+    """One optimiser step (after the model's natural-gradient step) on ``batch``; returns the global batch's loss,
+    not read on the host."""
+    if batch.rows is None:
+        xb, yb = X, y
+    elif batch.gathered:
+        xb, yb = _gather_batch(X, y, batch.rows, shard, comm)
     else:
-        batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
-    total = 0.0
-    for rows in batches:
-        if rows is None:  # every rank holds its rows of one loss, whose statistics the model all-reduces
-            xb, yb, share = X, y, 1.0 / comm.world_size
-        elif model.batch_coupled and comm.world_size > 1:  # the whole batch, in order, on every rank
-            xb, yb, share = (*_gather_batch(X, y, rows, shard, comm), 1.0 / comm.world_size)
-        else:
-            mine = (rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset).to(X.device)
-            xb, yb, share = X[mine], y[mine], mine.shape[0] / rows.shape[0]
-        model.natural_gradient_step(xb, yb, shard.n_global, comm, share)
-        optimiser.zero_grad(set_to_none=True)
-        # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
-        loss = objective(xb, yb, shard.n_global, share * comm.world_size, comm)
-        global_loss = comm.all_reduce_sum(loss.detach() / comm.world_size)
-        if not torch.isfinite(global_loss):
-            raise TrainingError(f"the loss became {global_loss.item()}.")
-        loss.backward()
-        optimiser.step()
-        total += global_loss.item()
-    return total / len(batches)
+        xb, yb = X[batch.rows], y[batch.rows]
+    model.natural_gradient_step(xb, yb, shard.n_global, comm, batch.share)
+    optimiser.zero_grad(set_to_none=True)
+    # the ranks' weighted losses sum to the loss of the global batch; DDP averages gradients, so scale by W
+    loss = objective(xb, yb, shard.n_global, batch.share * comm.world_size, comm)
+    global_loss = comm.all_reduce_sum(loss.detach() / comm.world_size)
+    if check_failed(~torch.isfinite(global_loss)):
+        raise TrainingError(f"the loss became {global_loss.item()}.")
+    loss.backward()
+    optimiser.step()
+    return global_loss
+
+
+def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm,
+           speculate: bool = True) -> tuple[float, bool]:
+    """One pass: the mean loss over its steps (the global loss under data parallelism), and whether it speculated
+    in vain and ran again.
+
+    Speculating, the steps never wait for the device: every check inside them (that a Cholesky factorisation
+    succeeded, that the loss is finite) is deferred (:func:`gpscale.device.deferred_checks`) and the losses are
+    summed on the device, so the epoch reads the host once, after its last step. If a check failed, the epoch is
+    undone (the model, the optimiser and the random state put back as they were at its start) and run again with
+    every check read where it is made, which adds jitter, halves a natural-gradient step or raises at the step
+    where it would have without speculation: the result is the same either way."""
+    batches = _epoch_batches(model, X, generator, batch_size, shard, comm)
+
+    def run() -> Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=X.device)
+        for batch in batches:
+            total = total + _step(model, objective, X, y, batch, optimiser, shard, comm)
+        return total
+
+    if speculate:
+        undo = _undoer(model, optimiser, X.device)
+        total, failed = _speculate(run, comm)
+        if not failed:
+            return total / len(batches), False
+        undo()
+    return run().item() / len(batches), speculate
+
+
+def _speculate(run: Callable[[], Tensor], comm: Comm) -> tuple[float, bool]:
+    """``run()`` with its checks deferred: its total and whether a check failed (on any rank), read together. An
+    error raised after a check failed is taken for a consequence of it: the steps went on with what the check
+    would have stopped."""
+    try:
+        with deferred_checks() as checks:
+            total = run()
+    except Exception:
+        if checks.flag is None or not bool(checks.flag):
+            raise
+        return math.nan, True
+    total, failed = torch.stack([total, comm.all_reduce_sum(checks.any_failed(total))]).tolist()
+    return total, failed > 0
+
+
+def _undoer(model: GPModel, optimiser, device: torch.device) -> Callable[[], None]:
+    """A function that puts back, as they are now, what an epoch changes: the model's parameters and buffers, the
+    optimiser's state, and the random state that losses draw from (SoftKI's probes, the softmax likelihood's Monte
+    Carlo). A cache keyed on a parameter's version (the unwhitened q's precision) sees the restored parameter as new
+    and is recomputed."""
+    model_state, optimiser_state = copy.deepcopy(model.state_dict()), copy.deepcopy(optimiser.state_dict())
+    cpu_random = torch.get_rng_state()
+    cuda_random = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def undo() -> None:
+        model.load_state_dict(model_state)
+        optimiser.load_state_dict(optimiser_state)
+        torch.set_rng_state(cpu_random)
+        if cuda_random is not None:
+            torch.cuda.set_rng_state(cuda_random, device)
+
+    return undo
 
 
 INIT_ROWS = 200_000  # the most rows a model's initialisation (k-means, PCA, a data box) sees

@@ -35,6 +35,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..device import none_set
 from ..operators import DiagPlusLowRank
 
 __all__ = ["NUS", "matern_lambda", "frequencies", "fourier_basis", "vff_Kuf", "vff_Kuu", "row_kronecker",
@@ -79,7 +80,7 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
     """
     inside = fourier_basis(x.clamp(a, b), a, b, n_frequencies)
     outside = (x < a) | (x > b)
-    if not bool(outside.any()):
+    if none_set(outside):  # on a GPU the edge forms are computed for every row instead, used where x is outside
         return inside
     lam = matern_lambda(nu, lengthscale).to(x.dtype)
     omega = frequencies(a, b, n_frequencies, x.dtype, x.device).unsqueeze(-1)  # [F + 1, 1]

@@ -31,6 +31,7 @@ import operator
 import torch
 from torch import Tensor
 
+from ..device import HostConstants
 from .stationary import Kernel
 
 __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "subspace_negations",
@@ -95,12 +96,34 @@ class GroupAction:
             stride *= P
         return inverse
 
+    @property
+    def constants(self) -> HostConstants:
+        """The action's tensors, made on the host once and copied once to each device it acts on."""
+        return vars(self).setdefault("_constants", HostConstants())
+
     def weights(self, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
         """W = W(P_1) ⊗ ... ⊗ W(P_J) [T, S]: the Kronecker product matches the row-major numbering of s."""
+        return self.constants.get("weights", self._kron_weights, dtype, device)
+
+    def _kron_weights(self) -> Tensor:
         W = torch.ones(1, 1, dtype=torch.float64)
         for P in self.periods:
             W = torch.kron(W, real_weights(P))
-        return W.to(dtype=dtype, device=device)
+        return W
+
+    def half_orbit(self) -> list[int]:
+        """The elements s with s <= the index of G^{-s}: one of each pair s, -s (and the self-inverse ones)."""
+        return [s for s in range(self.order) if s <= self.inverse(s)]
+
+    def half_orbit_weights(self, dtype: torch.dtype, device) -> Tensor:
+        """W over :meth:`half_orbit` [T, H], doubled where s and -s differ (their blocks are each other's
+        transposes, see :func:`harmonic_gram`)."""
+        def make() -> Tensor:
+            half = self.half_orbit()
+            pairs = torch.tensor([1.0 if s == self.inverse(s) else 2.0 for s in half], dtype=torch.float64)
+            return self._kron_weights()[:, half] * pairs
+
+        return self.constants.get("half_orbit_weights", make, dtype, device)
 
     def product(self, other: GroupAction) -> Product:
         """The product group, with this action's ways first (the two must commute)."""
@@ -154,9 +177,14 @@ class Negation(GroupAction):
     def _power(self, X: Tensor, s: int) -> Tensor:
         if s == 0:
             return X
-        sign = torch.ones(X.shape[-1], dtype=X.dtype, device=X.device)
-        sign[_coordinates(self.dims, X.shape[-1], self)] = -1.0
-        return X * sign
+        d = X.shape[-1]
+
+        def make() -> Tensor:
+            sign = torch.ones(d, dtype=torch.float64)
+            sign[_coordinates(self.dims, d, self)] = -1.0
+            return sign
+
+        return X * self.constants.get(("sign", d), make, X.dtype, X.device)
 
 
 class SubspaceNegation(GroupAction):
@@ -182,7 +210,7 @@ class SubspaceNegation(GroupAction):
     def _power(self, X: Tensor, s: int) -> Tensor:
         if s == 0:
             return X
-        U = self.U.to(X)
+        U = self.constants.get("U", lambda: self.U, X.dtype, X.device)
         return X - 2 * (X @ U) @ U.T
 
 
@@ -231,13 +259,17 @@ class CyclicShift(GroupAction):
         self.periods = (len(self.dims),)
 
     def _power(self, X: Tensor, s: int) -> Tensor:
-        dims = _coordinates(self.dims, X.shape[-1], self)
-        P = len(dims)
-        # coordinate dims[i] of G^s x is coordinate dims[i - s] of x
-        source = list(range(X.shape[-1]))
-        for i, target in enumerate(dims):
-            source[target] = dims[(i - s) % P]
-        return X[:, source]
+        d = X.shape[-1]
+
+        def make() -> Tensor:
+            dims = _coordinates(self.dims, d, self)
+            # coordinate dims[i] of G^s x is coordinate dims[i - s] of x
+            source = list(range(d))
+            for i, target in enumerate(dims):
+                source[target] = dims[(i - s) % len(dims)]
+            return torch.tensor(source)
+
+        return X[:, self.constants.get(("source", d, s), make, torch.long, X.device)]
 
 
 class OrthogonalAction(GroupAction):
@@ -265,7 +297,7 @@ class OrthogonalAction(GroupAction):
         self.periods = (P,)
 
     def _power(self, X: Tensor, s: int) -> Tensor:
-        return X @ self.powers[s].to(X).T
+        return X @ self.constants.get("powers", lambda: self.powers, X.dtype, X.device)[s].T
 
 
 class LongitudeRotation(OrthogonalAction):
@@ -390,11 +422,10 @@ def harmonic_gram(kernel: Kernel, action: GroupAction, X: Tensor, t: int | None 
     they differ. That is S / 2 + 1 kernel blocks instead of S for a cyclic group."""
     if t is not None and not 0 <= operator.index(t) < action.n_subkernels:
         raise ValueError(f"Sub-kernel t={t} is outside 0..{action.n_subkernels - 1} for {action!r}.")
-    half = [s for s in range(action.order) if s <= action.inverse(s)]
+    half = action.half_orbit()
     orbit = torch.stack([action.apply(X, s) for s in half])  # [H, n, d]
     K = kernel(X, orbit.reshape(-1, X.shape[-1])).reshape(X.shape[0], len(half), X.shape[0]).movedim(1, 0)
-    W = action.weights(K.dtype, K.device)[:, half] * torch.tensor(
-        [1.0 if s == action.inverse(s) else 2.0 for s in half], dtype=K.dtype, device=K.device)
+    W = action.half_orbit_weights(K.dtype, K.device)
     K_t = torch.einsum("th,hij->tij", W if t is None else W[t:t + 1], K)
     K_t = 0.5 * (K_t + K_t.mT)
     return K_t if t is None else K_t[0]

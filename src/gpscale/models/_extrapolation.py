@@ -21,6 +21,7 @@ def warn_outside_box(X: Tensor, lower: Tensor, upper: Tensor) -> None:
     """Warn (:class:`ExtrapolationWarning`) when rows of X [n*, d] leave the box [lower, upper] (each [d]): how
     many, and the largest excursion, in units of that feature's training range (a feature that was constant in
     training has none: leaving its value counts as the largest excursion, reported as a distance)."""
+    lower, upper = lower.to(X.device), upper.to(X.device)  # X may stay on the host for a model on a GPU
     excess = torch.maximum(lower - X, X - upper).clamp_min(0)  # [n*, d]
     outside = (excess > 0).any(-1)
     if not bool(outside.any()):

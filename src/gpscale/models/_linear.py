@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..linalg import CORE, cholesky, solve_lower
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, collapse_cholesky, collapse_qr,
@@ -106,7 +107,7 @@ class FeatureSpaceGP(GPModel):
         """Phi = phi(X) [n, r] held in memory, ``chunk_size`` rows at a time (checkpointed when there are several
         and gradients are on, so the autograd graph is held for one chunk at a time)."""
         features = self.feature_map(self.feature_state() if state is None else state)
-        chunks = X.split(self.chunk_size)
+        chunks = [Xc for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
         if torch.is_grad_enabled() and len(chunks) > 1:
             return torch.cat([checkpoint(features, Xc, use_reentrant=False) for Xc in chunks])
         return torch.cat([features(Xc) for Xc in chunks])
@@ -119,7 +120,7 @@ class FeatureSpaceGP(GPModel):
         alone."""
         features = self.feature_map(self.feature_state() if state is None else state)
         return accumulate(features.raw, X, y.to(CORE), chunk_size=self.chunk_size, prior_diag=self._prior_diag(),
-                          whiten=features.whiten, comm=comm)
+                          whiten=features.whiten, comm=comm, device=self.device)
 
     def solver_for(self, X: Tensor, posterior: bool) -> str:
         """The solver of a pass over X: ``'auto'`` takes Cholesky only for a float64 training objective."""
@@ -134,7 +135,7 @@ class FeatureSpaceGP(GPModel):
         state = self.feature_state() if state is None else state
         if self.solver_for(X, posterior) == "qr":
             return collapse_qr(self.feature_map(state), X, y, self.noise, chunk_size=self.chunk_size,
-                               prior_diag=self._prior_diag(), comm=comm)
+                               prior_diag=self._prior_diag(), comm=comm, device=self.device)
         return collapse_cholesky(stats if stats is not None else self.statistics(X, y, comm, state), self.noise)
 
     def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None) -> Collapsed:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..linalg import CORE, cholesky, solve_lower, solve_upper
+from ..linalg import CORE, cholesky, cholesky_inverse, solve_lower, solve_upper
 from ._gaussian_q import gauss_kl
 from .base import PredictiveFactors
 
@@ -111,7 +111,7 @@ class UnwhitenedQ:
         written to L since (its version counter says so), which saves a cholesky_inverse (2/3 M^3 flops) per
         step; otherwise from L."""
         state, precision = getattr(self, "_precision", (None, None))
-        return precision if state == self._q_sqrt_state() else torch.cholesky_inverse(L)
+        return precision if state == self._q_sqrt_state() else cholesky_inverse(L)
 
     def unwhitened_posterior(self) -> dict[str, Tensor]:
         """The posterior cache: Kuu's Cholesky factor, L_S and the mean's weights (float64)."""

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import CORE, cholesky, solve_lower
+from ..linalg import CORE, cholesky, cholesky_inverse, solve_lower
 from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
@@ -237,7 +237,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
             g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
         g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient
         eye = torch.eye(m.shape[-1], dtype=CORE, device=m.device)
-        return m, L, g_m, data_term, eye, torch.cholesky_inverse(L)
+        return m, L, g_m, data_term, eye, cholesky_inverse(L)
 
     # --- posterior ----------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -27,7 +27,8 @@ from scipy.optimize import minimize_scalar
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..distributed import LOCAL, Comm
+from ..device import chunks_on
+from ..distributed import LOCAL, Comm, global_count
 from ..linalg import CORE, StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
 from .base import PredictiveFactors
 
@@ -70,13 +71,15 @@ def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: T
     Phi = features(Xc)  # [c, r]
     A = gram(Phi).to(CORE)
     b = (Phi.T @ yc.to(Phi.dtype)).to(CORE)
-    trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE)
+    trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE, device=A.device)
     return A, b, trace
 
 
 def accumulate(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, prior_diag: FeatureMap | None = None,
-               whiten: Tensor | None = None, comm: Comm = LOCAL, recompute: bool = True) -> Statistics:
-    """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows.
+               whiten: Tensor | None = None, comm: Comm = LOCAL, recompute: bool = True,
+               device: torch.device | None = None) -> Statistics:
+    """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows, computed on ``device`` (default
+    X's), to which host rows are copied chunk by chunk (:func:`gpscale.device.chunks_on`).
 
     With ``whiten = L`` [r, r] (lower triangular, float64), ``features`` returns raw features ``psi`` and the
     model's features are ``phi = L^{-1} psi``: the statistics are whitened once on the r x r core,
@@ -89,21 +92,20 @@ def accumulate(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, p
     ``recompute=False`` skips that for features already held in memory (``X`` is Phi itself), where recomputing
     would only repeat the chunk's Gram product.
     """
-    chunks = list(zip(X.split(chunk_size), y.split(chunk_size)))
-    recompute = recompute and torch.is_grad_enabled() and len(chunks) > 1
-    A = b = trace = None
-    for Xc, yc in chunks:
+    recompute = recompute and torch.is_grad_enabled() and X.shape[0] > chunk_size
+    A = b = trace = yy = None
+    for Xc, yc in chunks_on(X.device if device is None else device, chunk_size, X, y):
         if recompute:
             parts = checkpoint(_chunk_statistics, features, prior_diag, Xc, yc, use_reentrant=False)
         else:
             parts = _chunk_statistics(features, prior_diag, Xc, yc)
-        A, b, trace = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2])
-    yy = (y.to(CORE) ** 2).sum()
+        parts = (*parts, (yc.to(CORE) ** 2).sum())
+        A, b, trace, yy = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2], yy + parts[3])
     A, b, yy, trace = (comm.all_reduce_sum(t) for t in (A, b, yy, trace))
     if whiten is not None:
         A = solve_lower(whiten, solve_lower(whiten, A).T)  # L^{-1} A L^{-T} (A is symmetric)
         b = solve_lower(whiten, b.unsqueeze(-1)).squeeze(-1)
-    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    n = global_count(X.shape[0], comm)
     return Statistics(A=A, b=b, yy=yy, n=n, prior_trace=trace)
 
 
@@ -119,8 +121,10 @@ def collapse_cholesky(stats: Statistics, noise: Tensor) -> Collapsed:
 
 
 def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, chunk_size: int,
-                prior_diag: FeatureMap | None = None, comm: Comm = LOCAL) -> Collapsed:
-    """Posterior by streamed QR of ``[Phi / sigma, y / sigma; I, 0]``: stable for any noise level.
+                prior_diag: FeatureMap | None = None, comm: Comm = LOCAL,
+                device: torch.device | None = None) -> Collapsed:
+    """Posterior by streamed QR of ``[Phi / sigma, y / sigma; I, 0]``: stable for any noise level. Computed on
+    ``device`` (default X's), to which host rows are copied chunk by chunk (:func:`gpscale.device.chunks_on`).
 
     The R factor [r + 1, r + 1] of that matrix is ``[[L_B^T, c], [0, sqrt(quad)]]``. The prior rows come first,
     ``[I, 0] / sqrt(W)`` on each of the W processes (their stack contributes I to R^T R), so that every factorisation
@@ -128,24 +132,25 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
     some features equal on every row) would otherwise make a chunk's QR, whose gradient needs a non-zero diagonal
     of R, return NaN gradients.
     """
+    device = X.device if device is None else device
     sigma = noise.to(CORE).sqrt()
     qr = StreamingQR()
-    feature_trace = prior_trace = torch.zeros((), dtype=CORE, device=X.device)
-    for Xc, yc in zip(X.split(chunk_size), y.split(chunk_size)):
+    feature_trace = prior_trace = torch.zeros((), dtype=CORE, device=device)
+    for Xc, yc in chunks_on(device, chunk_size, X, y):
         Phi = features(Xc).to(CORE)
         feature_trace = feature_trace + (Phi**2).sum()
         if prior_diag is not None:
             prior_trace = prior_trace + prior_diag(Xc).sum().to(CORE)
         if qr.R is None:
             r = Phi.shape[1]
-            qr.update(torch.eye(r, r + 1, dtype=CORE, device=X.device) / math.sqrt(comm.world_size))
+            qr.update(torch.eye(r, r + 1, dtype=CORE, device=device) / math.sqrt(comm.world_size))
         qr.update(torch.cat([Phi, yc.to(CORE).unsqueeze(-1)], dim=1) / sigma)
     R = qr.R
     if comm.world_size > 1:  # TSQR across processes: the R of the ranks' stacked R factors
         R = qr_r(comm.all_gather(R))
         feature_trace, prior_trace = comm.all_reduce_sum(feature_trace), comm.all_reduce_sum(prior_trace)
     r = R.shape[1] - 1
-    n = int(comm.all_reduce_sum(torch.tensor(float(X.shape[0]), dtype=CORE)).item())
+    n = global_count(X.shape[0], comm)
     return Collapsed(L_B=R[:r, :r].T, c=R[:r, r], quad=R[r, r] ** 2, n=n,
                      feature_trace=feature_trace, prior_trace=prior_trace)
 
@@ -163,7 +168,7 @@ def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *,
     """
     s2 = noise.to(CORE)
     rss = comm.all_reduce_sum(sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
-                                  for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size))))
+                                  for Pc, yc in chunks_on(Phi.device, chunk_size, Phi, y)))
     return (rss + s2 * (weight_mean @ weight_mean)) / s2
 
 

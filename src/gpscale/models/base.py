@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from ..device import chunks_on, to_device
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
@@ -231,12 +232,14 @@ class GPModel(nn.Module):
     # --- shared machinery -------------------------------------------------------------------------------
     @torch.no_grad()
     def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """Latent posterior mean and variance of f at X [n*, d], chunked: never n* x n* or n x n*."""
+        """Latent posterior mean and variance of f at X [n*, d], chunked: never n* x n* or n x n*. X may stay in
+        host memory when the model is on a GPU: each chunk is copied there as it is needed
+        (:func:`gpscale.device.chunks_on`); the moments come back on the model's device."""
         if not self.cache:
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
             )
-        parts = [self.predict_chunk(Xc) for Xc in X.split(self.chunk_size)]
+        parts = [self.predict_chunk(Xc) for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
 
     @torch.no_grad()
@@ -247,6 +250,7 @@ class GPModel(nn.Module):
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
             )
+        X = to_device(X, self.device)
         mean, E, U, extra = self.predictive_factors(X)
         cov = torch.zeros(mean.shape[0], mean.shape[0], dtype=mean.dtype, device=mean.device)
         if E is not None:
@@ -323,3 +327,9 @@ class GPModel(nn.Module):
     @property
     def noise(self) -> Tensor:
         return self.likelihood.noise
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are, and so where its passes over data compute (HVGP may place its blocks'
+        algebra on other devices too)."""
+        return next(self.parameters()).device

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..kernels.deep_basis import (ACTIVATIONS, DEFAULT_DEPTH, NETWORKS, DeepBasisKernel, mlp, prior_variance,
                                    residual_mlp)
@@ -150,11 +151,16 @@ class DeepBasisModel(GPModel):
         self.check_posterior_options()
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible
+        # fit() has just seeded torch's generator: a built-in network drawn now makes training reproducible. Each
+        # layer is drawn on the CPU (as nn.Linear draws itself) and copied, so that a GPU's generator, which draws
+        # other numbers from the same seed, does not make a fit there differ from one on the CPU.
         if self.builtin_network:
-            for layer in self.kernel.network.modules():
-                if isinstance(layer, nn.Linear):
-                    layer.reset_parameters()
+            with torch.no_grad():
+                for layer in self.kernel.network.modules():
+                    if isinstance(layer, nn.Linear):
+                        drawn = nn.Linear(layer.in_features, layer.out_features, dtype=layer.weight.dtype)
+                        layer.weight.copy_(drawn.weight)
+                        layer.bias.copy_(drawn.bias)
 
     def check_posterior_options(self) -> None:
         if not isinstance(self.calibrate_noise, (bool, np.bool_)):
@@ -190,7 +196,7 @@ class DeepBasisModel(GPModel):
     @torch.no_grad()
     def max_prior_variance(self, X: Tensor) -> Tensor:
         """k_max = max_i ||phi(x_i)||^2 over the rows of X [n, d], one chunk at a time (float64 scalar)."""
-        maxima = [prior_variance(self.kernel.basis(Xc)).max() for Xc in X.split(self.chunk_size)]
+        maxima = [prior_variance(self.kernel.basis(Xc)).max() for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
         return torch.stack(maxima).max().to(CORE)
 
     @torch.no_grad()

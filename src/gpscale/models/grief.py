@@ -115,6 +115,7 @@ class GRIEF(FeatureSpaceGP):
         self.register_buffer("grid", torch.zeros(self.n_features, self.grid_size))  # row i: xg[i], padded
         self.register_buffer("grid_sizes", torch.zeros(self.n_features, dtype=torch.long))  # mbar_i; 0 = no grid
         self.register_buffer("n_eigen_", torch.tensor(0))  # p as resolved by init
+        self._layout = self._read_layout()
 
     # --- initialisation -----------------------------------------------------------------------------------
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
@@ -128,6 +129,7 @@ class GRIEF(FeatureSpaceGP):
                 self.grid[i, : x.shape[0]] = x.to(self.grid.dtype)
                 self.grid_sizes[i] = x.shape[0]
             self.n_eigen_.fill_(self.n_eigen if self.n_eigen is not None else paper_n_eigen(X.shape[0]))
+        self._layout = self._read_layout()
         if self.init_exact_points > 0:
             initialise_from_exact_gp(self, X, y, seed)
 
@@ -136,13 +138,23 @@ class GRIEF(FeatureSpaceGP):
         training objective is in residual form."""
         return "cholesky"
 
+    def _read_layout(self) -> tuple[tuple[int, ...], int]:
+        """(mbar_i for each dimension, p) as Python numbers, read from their buffers when these change (at init and
+        on loading), not in every pass: on a GPU each read would wait for the device."""
+        return tuple(self.grid_sizes.tolist()), int(self.n_eigen_)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._layout = self._read_layout()
+
     # --- the features -------------------------------------------------------------------------------------
     def grids(self) -> list[Tensor]:
         """The d 1-D grids xg[i] [mbar_i] (float64)."""
-        if not (self.grid_sizes > 0).all():
+        sizes, _ = self._layout
+        if not all(size > 0 for size in sizes):
             raise RuntimeError("The grief model has no grid yet: train it with gpscale.train.fit, or call "
                                "init(X, y) with the training data first.")
-        return [row[:size].to(CORE) for row, size in zip(self.grid, self.grid_sizes.tolist())]
+        return [row[:size].to(CORE) for row, size in zip(self.grid, sizes)]
 
     def hyperparameters(self) -> tuple[Tensor, Tensor]:
         """Lengthscales [d] or [1] and s_f^2 [] (float64, differentiable)."""
@@ -152,7 +164,7 @@ class GRIEF(FeatureSpaceGP):
         """Eigendecompose the d grid factors and select the top p eigenpairs, differentiably."""
         lengthscale, outputscale = self.hyperparameters()
         eigen = [factor_eigh(K) for K in grid_factors(self.grids(), lengthscale, outputscale, self.jitter)]
-        logl, idxs = top_eigenvalues([lam for lam, _ in eigen], int(self.n_eigen_))
+        logl, idxs = top_eigenvalues([lam for lam, _ in eigen], self._layout[1])
         return GridSpectrum(Q=[Q for _, Q in eigen], idxs=idxs, logl=logl)
 
     def feature_state(self) -> dict[str, Tensor]:
@@ -170,7 +182,7 @@ class GRIEF(FeatureSpaceGP):
         """``x -> phi(x)``: X [c, d] -> Phi [c, p] (float64) for the eigenpairs of ``state`` (steps 4-5)."""
         xg = self.grids()
         lengthscale, outputscale = self.hyperparameters()
-        Q = [Qi[:size, :size] for Qi, size in zip(state["Q"], self.grid_sizes.tolist())]
+        Q = [Qi[:size, :size] for Qi, size in zip(state["Q"], self._layout[0])]
 
         def phi(X: Tensor) -> Tensor:
             Kxu = cross_factors(X.to(CORE), xg, lengthscale, outputscale)

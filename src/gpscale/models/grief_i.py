@@ -236,7 +236,7 @@ class GRIEFI(GRIEF):
         -inf (a rejected proposal) where the evidence fails or is not finite."""
         weight_prior = LogNormal.from_mode_variance(1.0, self.weight_prior_variance)
         noise_prior = LogNormal.from_mode_variance(float(self.noise0_), self.noise_prior_variance)
-        reject = torch.tensor(-math.inf, dtype=CORE)
+        reject = torch.tensor(-math.inf, dtype=CORE, device=self.noise0_.device)
 
         def log_posterior(f: Tensor) -> Tensor:
             u, noise = f[..., :-1], f[..., -1]
@@ -251,7 +251,8 @@ class GRIEFI(GRIEF):
 
     def start(self, solver: _Reweighted | _Orthogonal) -> Tensor:
         """The prior mode ``x0 = (0 [q], log sigma_0^2)`` [q + 1]: u = 1, the w = 1 model of either solver."""
-        return torch.cat([torch.zeros(solver.dim, dtype=CORE), self.noise0_.to(CORE).log().reshape(1)])
+        return torch.cat([torch.zeros(solver.dim, dtype=CORE, device=self.noise0_.device),
+                          self.noise0_.to(CORE).log().reshape(1)])
 
     # --- posterior ----------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -177,7 +177,7 @@ def fit_exact_gp(model: FeatureSpaceGP, Xs: Tensor, ys: Tensor, kernel: Kernel) 
     box of :func:`_exact_gp_box` for at most ``model.init_iterations`` iterations."""
     lik = model.likelihood
     exact = ExactGP(model.n_features, kernel=copy.deepcopy(kernel), noise=float(model.noise.detach()),
-                    learn_noise=lik.learn_noise, noise_floor=lik.noise_floor).to(CORE)
+                    learn_noise=lik.learn_noise, noise_floor=lik.noise_floor).to(dtype=CORE, device=Xs.device)
     params, bounds = _exact_gp_box(exact, Xs, ys)
     fitted = lbfgs.minimise(lambda: exact.loss(Xs, ys, Xs.shape[0]), params, bounds=bounds,
                             max_iterations=model.init_iterations)

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
-from ..linalg import CORE, cholesky
+from ..linalg import CORE, cholesky, solve
 from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from .base import register
@@ -75,7 +75,7 @@ def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor) -> 
     if m >= B:
         Sigma = W @ Kzz @ W.T
         Sigma.diagonal().add_(noise)
-        return torch.linalg.solve(Sigma, R)
+        return solve(Sigma, R)
     L = cholesky(Kzz.to(CORE), what="interpolation-point covariance K_zz")
     Phi = W @ L.to(W.dtype)  # [B, m]
     A = (Phi.T @ Phi).to(CORE)

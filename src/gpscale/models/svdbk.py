@@ -19,6 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..kernels.deep_basis import prior_variance
 from ..linalg import CORE
@@ -170,7 +171,7 @@ class SVDBK(DeepBasisModel, VariationalGP):
         """``e_i = E_q (y_i - phi_i^T w)^2 = (y_i - m^T phi_i)^2 + ||S^T phi_i||^2`` and the prior variances
         ``k_i = ||phi_i||^2`` of the rows X [n, d], y [n]: two [n] float64 vectors, in one chunked pass."""
         errors, variances = [], []
-        for Xc, yc in zip(X.split(self.chunk_size), y.split(self.chunk_size)):
+        for Xc, yc in chunks_on(self.device, self.chunk_size, X, y):
             Phi = self.kernel.basis(Xc).to(CORE)
             mean, var = super().predict_chunk(Phi)
             errors.append((yc.to(CORE) - mean) ** 2 + var)
@@ -181,7 +182,8 @@ class SVDBK(DeepBasisModel, VariationalGP):
         """``argmax_{sigma^2} sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)`` with q(w) and the network fixed,
         ``-1/2 sum_i [log 2 pi s_i + e_i / s_i]`` with ``s_i = sigma^2 + c_i``, from the expected squared errors
         e [n] and corrections c [n] of this process's rows y [n]: O(n) per evaluation."""
-        total = comm.all_reduce_sum(torch.stack([(y.to(CORE) ** 2).sum(), torch.tensor(y.shape[0], dtype=CORE)]))
+        total = comm.all_reduce_sum(torch.stack([(y.to(CORE) ** 2).sum(),
+                                                 torch.tensor(y.shape[0], dtype=CORE, device=y.device)]))
         bounds = self.noise_search_bounds(float(total[0] / total[1]))
 
         def expected_log_likelihood_at(s2: float) -> float:
@@ -208,7 +210,7 @@ class SVDBK(DeepBasisModel, VariationalGP):
     def set_extra_state(self, state: dict[str, Tensor]) -> None:
         # model files from before SVDBK ran on the variational engine cached no factor of Kuu = I
         if "q_mu" in state and "Lu" not in state:
-            state = {**state, "Lu": torch.eye(self.n_basis, dtype=CORE)}
+            state = {**state, "Lu": torch.eye(self.n_basis, dtype=CORE, device=state["q_mu"].device)}
         super().set_extra_state(state)
 
 

@@ -107,6 +107,7 @@ class FourierFeatures(InducingFeatures):
         self.num_inducing = D * per_dim if self.additive else per_dim**D
         self.register_buffer("lower", torch.zeros(D, dtype=CORE))
         self.register_buffer("upper", torch.ones(D, dtype=CORE))
+        self._box = self._read_box()
 
     def set_box(self, lower: Tensor, upper: Tensor) -> None:
         """The interval [lower_d, upper_d] of every dimension [D]."""
@@ -114,9 +115,16 @@ class FourierFeatures(InducingFeatures):
             raise ValueError("Every interval of the VFF box needs upper > lower.")
         self.lower.copy_(lower)
         self.upper.copy_(upper)
+        self._box = self._read_box()
 
-    def _intervals(self) -> list[tuple[float, float]]:
+    def _read_box(self) -> list[tuple[float, float]]:
+        """The intervals as Python numbers, read from their buffers when these change (set, loaded), not in every
+        pass: on a GPU each read would wait for the device."""
         return list(zip(self.lower.tolist(), self.upper.tolist()))
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._box = self._read_box()
 
     def Kuu_operator(self, jitter: float = 0.0) -> DiagPlusLowRank | Kronecker:
         """K_uu in its structure (float64): blocks per dimension (additive; one diagonal plus low rank with a block-
@@ -126,14 +134,14 @@ class FourierFeatures(InducingFeatures):
         if self.additive:
             variance = self.kernel.variance.to(CORE)
             blocks = [vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
-                      for d, (a, b) in enumerate(self._intervals())]
+                      for d, (a, b) in enumerate(self._box)]
             return DiagPlusLowRank.block_diagonal(blocks).with_jitter(jitter)
         if jitter:
             raise ValueError("A product-kernel K_uu takes no jitter (it would not stay a Kronecker product).")
         one = torch.ones((), dtype=CORE, device=ls.device)
         return Kronecker([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d],
                                   self.kernel.outputscale.to(CORE) if d == 0 else one)
-                          for d, (a, b) in enumerate(self._intervals())])
+                          for d, (a, b) in enumerate(self._box)])
 
     def Kuu(self) -> Tensor:
         return self.Kuu_operator().to_dense()
@@ -142,7 +150,7 @@ class FourierFeatures(InducingFeatures):
         """[M, c]: phi(x) inside the box, the edge forms outside (float64)."""
         X, ls = X.to(CORE), self.kernel.lengthscale.to(CORE)
         per_dim = [vff_Kuf(self.kernel.nu, X[:, d], a, b, self.n_frequencies, ls[d])
-                   for d, (a, b) in enumerate(self._intervals())]
+                   for d, (a, b) in enumerate(self._box)]
         return torch.cat(per_dim) if self.additive else row_kronecker(per_dim)
 
     def Kff_diag(self, X: Tensor) -> Tensor:
@@ -152,7 +160,8 @@ class FourierFeatures(InducingFeatures):
         """Warn where the rows of X come closer than 2 lengthscales to an end of the box in a dimension that
         carries at least 1% of an additive kernel's variance: there the features miss more than about 2% of the
         kernel's variance, and at the ends half of it."""
-        room = torch.minimum(X.min(0).values.to(CORE) - self.lower, self.upper - X.max(0).values.to(CORE))
+        lowest, highest = (values.to(dtype=CORE, device=self.lower.device) for values in X.aminmax(dim=0))
+        room = torch.minimum(lowest - self.lower, self.upper - highest)
         short = room < 2 * self.kernel.lengthscale.detach().to(CORE)
         if self.additive:
             variance = self.kernel.variance.detach()

@@ -26,8 +26,8 @@ from ..linalg import CORE, NumericalWarning
 from ._linear import FeatureSpaceGP
 from .exact import ExactGP
 
-__all__ = ["initialise_from_exact_gp", "stretched_starts", "dropped_variance", "fit_exact_gp", "max_evidence_noise", "noise_range",
-           "INIT_NOISE", "INIT_STRETCH", "INIT_RANGE", "SPREAD_FACTORS"]
+__all__ = ["initialise_from_exact_gp", "stretched_starts", "dropped_variance", "fit_exact_gp", "max_evidence_noise",
+           "noise_range", "INIT_NOISE", "INIT_STRETCH", "INIT_RANGE", "SPREAD_FACTORS", "NEGLIGIBLE_DROP"]
 
 INIT_NOISE = ("grief", "exact")
 INIT_STRETCH = (1.0, 2.0, 4.0, 8.0, 16.0)  # stretched_starts: the exact GP's lengthscales times these

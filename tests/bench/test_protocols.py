@@ -213,16 +213,6 @@ def test_softki_side_by_side_layout():
     assert specs["svgp"].options["natural_gradients"] is False
 
 
-def test_a_time_reference_that_is_no_method_of_the_protocol_is_refused(tmp_path):
-    from gpscale.bench.protocols import read_protocols
-
-    (tmp_path / "bad.toml").write_text('[[protocol]]\nname = "bad"\nversion = 1\ndescription = ""\n'
-                                       'datasets = ["pol"]\ntime_reference = "svgp"\n'
-                                       '[[protocol.method]]\nkey = "sgpr"\n')
-    with pytest.raises(ValueError, match="'bad': time_reference 'svgp' is not one of its method labels"):
-        read_protocols(tmp_path)
-
-
 def test_softki_noise_layout():
     protocol = get_protocol("softki-noise")
     fixed, learned = protocol.methods
@@ -562,13 +552,16 @@ energy = { epochs = 2 }
     assert protocol.published == {("sgpr", "pol"): {"rmse": 0.25}, ("svgp", "pol"): {"rmse": 0.5, "nlpd": 1.5}}
 
 
-def test_a_protocol_file_naming_splits_of_a_dataset_it_does_not_run_is_refused(tmp_path):
+@pytest.mark.parametrize("line, message", [
+    ('dataset_splits = { energy = [1] }', "'bad': dataset_splits names \\['energy'\\]"),  # a dataset it does not run
+    ('time_reference = "svgp"', "'bad': time_reference 'svgp' is not one of its method labels"),
+])
+def test_a_protocol_file_that_names_what_it_does_not_run_is_refused(tmp_path, line, message):
     from gpscale.bench.protocols import read_protocols
 
     (tmp_path / "bad.toml").write_text('[[protocol]]\nname = "bad"\nversion = 1\ndescription = ""\n'
-                                       'datasets = ["pol"]\ndataset_splits = { energy = [1] }\n'
-                                       '[[protocol.method]]\nkey = "sgpr"\n')
-    with pytest.raises(ValueError, match="'bad': dataset_splits names \\['energy'\\]"):
+                                       f'datasets = ["pol"]\n{line}\n[[protocol.method]]\nkey = "sgpr"\n')
+    with pytest.raises(ValueError, match=message):
         read_protocols(tmp_path)
 
 

@@ -314,7 +314,8 @@ class _GPEstimator(BaseEstimator):
         if getattr(self, "rank_", 0) != 0:  # data-parallel: every rank holds the same model; rank 0 writes it
             return
         # the model's own dtype and device, whatever set_params has changed since the fit
-        params = {**self.get_params(), "dtype": _dtype_name(self.dtype_), "device": str(self.device_)}
+        params = {**self.get_params(), "dtype": _saved_dtype(self.dtype, self.method_, self.dtype_),
+                  "device": str(self.device_)}
         header = {
             "kind": type(self).__name__,
             "gpscale_version": __version__,
@@ -326,7 +327,7 @@ class _GPEstimator(BaseEstimator):
             "training": self.training_,
             "n_features_in": int(self.n_features_in_),
             **self._header(),
-            "dtype": params["dtype"],
+            "dtype": _dtype_name(self.dtype_),
             "metadata": metadata or {},
         }
         tensors = {"model": self.model_.state_dict(), "x_mean": torch.as_tensor(self.x_mean_),
@@ -352,10 +353,11 @@ class _GPEstimator(BaseEstimator):
             model_cls = get_model_class(method)
             model = model_cls(header["n_features_in"], **_unjsonable(header["model_options"]))
             # cast before loading: load_state_dict copies into the parameters' current dtype
-            model.to(dtype=resolve_dtype(est.dtype), device=torch.device(est.device))
+            dtype = resolve_dtype(header.get("dtype", est.dtype))  # the fitted dtype (what "auto" resolved to)
+            model.to(dtype=dtype, device=torch.device(est.device))
             model.load_state_dict(tensors["model"])
             device = est.device_ = torch.device(est.device)  # a list: per-device factors (HVGP's placed blocks)
-            est.dtype_ = resolve_dtype(est.dtype)
+            est.dtype_ = dtype
             model.cache = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
                            for k, v in model.cache.items()}
             est.model_ = model.eval()
@@ -682,6 +684,17 @@ def resolve_dtype(dtype, method: str | None = None) -> torch.dtype:
         raise ValueError(f"dtype must be 'auto', 'float64' or 'float32' (or the torch or numpy dtype of either), "
                          f"got {dtype!r}.")
     return _DTYPES[name]
+
+
+def _saved_dtype(given, method: str, fitted: torch.dtype) -> str:
+    """The ``dtype`` parameter a model file records: the one given (``"auto"`` or a name) when it still resolves to
+    the fitted dtype, so that a loaded estimator's ``get_params`` are the fitted one's; else (changed by
+    ``set_params`` since the fit) the fitted dtype's name."""
+    try:
+        name = "auto" if isinstance(given, str) and given == "auto" else _dtype_name(resolve_dtype(given))
+        return name if resolve_dtype(name, method) == fitted else _dtype_name(fitted)
+    except ValueError:
+        return _dtype_name(fitted)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -289,6 +289,6 @@ def test_a_run_is_the_estimator_on_the_rows_a_user_has(tmp_path, x_scaling):
     raw = load_dataset("friedman1", split=0, n=250, x_scaling="none", standardize_y=False)
     ds = load_dataset("friedman1", split=0, n=250, x_scaling=x_scaling)
     reg = estimator.GPRegressor(method="svgp", n_inducing=12, epochs=2, batch_size=50, lr=0.05, seed=0,
-                                x_scaling=x_scaling, progress=False)
+                                x_scaling=x_scaling, progress=False, dtype=protocol.dtype)  # float64
     mean = (reg.fit(raw.X_train, raw.y_train).predict(raw.X_test) - ds.y_mean) / ds.y_std
     assert record["rmse"] == metrics.rmse(ds.y_test, mean)

@@ -5,7 +5,7 @@ gpscale. The peer finds it at run time, in the first of these folders that holds
 
 1. ``$GPSCALE_PEERS``, when set;
 2. ``<GPSCALE_DATA>/../peers``, when ``GPSCALE_DATA`` is set;
-3. ``../shared/peers`` relative to the current directory.
+3. ``shared/peers`` in the parent folder of the current directory.
 
 Without it, building the peer raises :class:`PeerUnavailable`, which the benchmark runner records as a skipped run
 with the message (where it looked, how to point at the code).

@@ -1,3 +1,4 @@
+import math
 import warnings
 from unittest.mock import patch
 
@@ -6,6 +7,7 @@ import torch
 
 from conftest import toy_regression
 from gpscale import lbfgs
+from gpscale.likelihoods import Bernoulli, Gaussian, RobustMax
 from gpscale.linalg import NotPSDError
 from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
@@ -289,3 +291,20 @@ def test_a_fit_that_leaves_the_objective_far_worse_than_it_began_is_an_error_not
     with pytest.raises(TrainingError, match="objective worse, from .* to .*Lower the learning rate \\(lr=10.0\\)"):
         fit(model, X, y, epochs=50, lr=10.0, progress=False)
     fit(get_model_class("exact")(2).double(), X, y, epochs=50, lr=0.1, progress=False)  # a sane lr trains
+
+
+def test_a_fit_far_worse_than_ignoring_the_inputs_is_an_error_not_a_model():
+    X, y = toy_regression(n=200)
+    given = dict(n_inducing=10, outputscale=1e12, noise=1e-9, learn_noise=False)  # float32 never leaves ~1e14/point
+    with pytest.raises(TrainingError, match="nats per point at best, against .* for a model that ignores the inputs"):
+        fit(SVGP(2, **given).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)
+    fit(SVGP(2, n_inducing=10).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)  # sane start
+
+
+@pytest.mark.parametrize("likelihood, y, expected", [
+    (Gaussian(), torch.tensor([1.0, 3.0]), 0.5 * math.log(2 * math.pi) + 0.5),  # var(y) = 1
+    (Bernoulli(), torch.tensor([1.0, -1.0, 1.0, 1.0]), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))),
+    (RobustMax(3), torch.tensor([0, 0, 2, 2]), math.log(2.0)),
+])
+def test_the_null_loss_is_the_likelihood_of_the_model_that_ignores_the_inputs(likelihood, y, expected):
+    assert likelihood.null_loss(y) == pytest.approx(expected, rel=1e-12)

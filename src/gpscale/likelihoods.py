@@ -73,6 +73,13 @@ class Gaussian(nn.Module):
         mean, var = self.predictive(mean, var)
         return -0.5 * (LOG_2PI + torch.log(var) + (y - mean) ** 2 / var)
 
+    @staticmethod
+    def null_loss(y: Tensor) -> float:
+        """The negative log-likelihood per point of the model that ignores the inputs, y ~ N(mean(y), var(y)):
+        ``1/2 log(2 pi var(y)) + 1/2``; the yardstick of a degenerate fit."""
+        var = y.double().var(correction=0).clamp_min(torch.finfo(torch.float64).tiny)
+        return 0.5 * (LOG_2PI + math.log(float(var)) + 1.0)
+
 
 class Bernoulli(nn.Module):
     """Probit classification: labels y in {-1, +1}, ``p(y | f) = Phi(y f)`` with Phi the standard normal CDF
@@ -109,6 +116,18 @@ class Bernoulli(nn.Module):
     def log_predictive_density(self, y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
         """``log p(y*) = log Phi(y* mean / sqrt(1 + var))`` per point [n]."""
         return log_normal_cdf(y * mean / torch.sqrt(1 + var))
+
+    @staticmethod
+    def null_loss(y: Tensor) -> float:
+        """The negative log-likelihood per point of the model that ignores the inputs (every label +1 with the
+        frequency of +1 in y): the entropy of the labels' frequencies."""
+        return label_entropy(torch.stack([(y < 0).sum(), (y > 0).sum()]))
+
+
+def label_entropy(counts: Tensor) -> float:
+    """``-sum_c p_c log p_c`` of the frequencies ``p_c = counts_c / sum(counts)``, in nats."""
+    p = counts.double() / counts.sum()
+    return float(-(p[p > 0] * p[p > 0].log()).sum())
 
 
 def log_normal_cdf(z: Tensor) -> Tensor:
@@ -170,6 +189,11 @@ class _MultiClass(nn.Module):
             raise ValueError(f"Labels must lie in 0..{C - 1}, got values from {y.min().item()} to "
                              f"{y.max().item()}; {hint} (classes numbered from 0, not 1 and not -1/+1).")
         return y.to(device=mean.device, dtype=torch.long)
+
+    def null_loss(self, y: Tensor) -> float:
+        """The negative log-likelihood per point of the model that ignores the inputs (each class with its
+        frequency in y): the entropy of the classes' frequencies."""
+        return label_entropy(torch.bincount(y.long().flatten(), minlength=self.n_classes))
 
 
 class RobustMax(_MultiClass):

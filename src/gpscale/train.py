@@ -205,6 +205,7 @@ def fit(
             _perturb(model, generator, scale=0.1 * (attempt + 1))
             result, state = FitResult(settings=settings, restarts=attempt + 1), None
     _check_improved(result)
+    _check_not_degenerate(result, model, y_fit, comm)
     model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
@@ -221,6 +222,29 @@ def _check_improved(result: FitResult) -> None:
         lr = result.settings.lr if result.settings is not None else None
         raise TrainingError(f"training made the objective worse, from {first:.4g} in its first epoch to {last:.4g} "
                             f"at the end: the optimiser diverged. Lower the learning rate (lr={lr}).")
+
+
+# nats per point by which the best objective of a training run may exceed the loss of the model that ignores the
+# inputs before the fit is called degenerate: a trained GP is never worse than that model by more than its KL term
+# and its first epochs' transient (a few nats); SVGP in float32 from an outputscale of 1e12 and a noise of 1e-9,
+# given, stayed at 3e14 nats per point and returned silently without this rule
+DEGENERATE_EXCESS = 100.0
+
+
+def _check_not_degenerate(result: FitResult, model: GPModel, y: Tensor, comm: Comm) -> None:
+    """Raise :class:`TrainingError` when even the best objective (per data point) of the run exceeds, by more than
+    ``DEGENERATE_EXCESS`` nats, the loss of the model that ignores the inputs (``likelihood.null_loss``): the
+    hyperparameters it was given or reached are absurd, and the predictions would be too."""
+    losses = [entry["loss"] for entry in result.history if math.isfinite(entry["loss"])]
+    if not losses:
+        return
+    null = float(comm.all_reduce_max(torch.tensor(model.likelihood.null_loss(y), dtype=torch.float64)))
+    best = min(losses)
+    if best > null + DEGENERATE_EXCESS:
+        raise TrainingError(
+            f"training ended with an objective of {best:.4g} nats per point at best, against {null:.4g} for a model "
+            "that ignores the inputs: the fitted model is degenerate. Check the hyperparameters given (an absurd "
+            "outputscale, noise or lengthscale), scale y, or train in dtype='float64'.")
 
 
 class _Plateau:

@@ -165,11 +165,16 @@ OPTIONS = [
     Refusal("normalize_y='yes'", _refit(normalize_y="yes"), ValueError, "normalize_y must be True or False"),
     Refusal("kernel typo", _refit(kernel="rbff"), ValueError, "Unknown kernel 'rbff'; choose one of rbf, matern12"),
     Refusal("lr=1e3 diverges", _refit(lr=1e3, epochs=50), (TrainingError, NotPSDError), "lr|learning rate"),
-    # float64: in svgp's default float32 the first epoch's loss is already ~1e14 per point, so none rises to diverge
+    # float64: the loss rises from its first epoch, the optimiser diverged
     Refusal("extreme given hyperparameters", _refit(method="svgp", outputscale=1e12, noise=1e-9, learn_noise=False,
                                                     epochs=3, dtype="float64"),
             TrainingError, r"hyperparameters given \(outputscale=1e\+12, noise=1e-09, learn_noise=False\) may be "
                            "the cause: .*fit without them to start from the data"),
+    # svgp's default float32: the loss stays ~1e14 per point from the first epoch, far above a model ignoring X
+    Refusal("extreme given hyperparameters, float32", _refit(method="svgp", outputscale=1e12, noise=1e-9,
+                                                             learn_noise=False, epochs=3),
+            TrainingError, r"nats per point at best, against .* for a model that ignores the inputs.*"
+                           r"hyperparameters given \(outputscale=1e\+12"),
     Refusal("a given lengthscale float32 cannot hold", _refit(lengthscale=1e8, noise=1e-9, learn_noise=False,
                                                               dtype="float32", epochs=3),
             (TrainingError, NotPSDError), r"hyperparameters given \(lengthscale=1e\+08, noise=1e-09"),

@@ -141,8 +141,7 @@ class FeatureSpaceGP(GPModel):
     def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None) -> Collapsed:
         """The posterior of w from features Phi [n, r] held in memory and targets y [n] (every process's rows), by
         Cholesky in float64, at the model's noise or ``noise``."""
-        stats = accumulate(lambda P: P, Phi.to(CORE), y.to(CORE), chunk_size=self.chunk_size, recompute=False,
-                           comm=comm)
+        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, recompute=False, comm=comm)
         return collapse_cholesky(stats, self.noise if noise is None else noise)
 
     def evidence_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:

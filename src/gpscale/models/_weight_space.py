@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
-from ..linalg import CORE, StreamingQR, cholesky, gram, logdet_from_cholesky, qr_r, solve_lower
+from ..linalg import CORE, StreamingQR, cholesky, logdet_from_cholesky, qr_r, solve_lower
 from .base import PredictiveFactors
 
 __all__ = ["Statistics", "Collapsed", "FeatureMap", "accumulate", "collapse_cholesky", "collapse_qr",
@@ -67,10 +67,28 @@ class Collapsed:
         return torch.linalg.solve_triangular(self.L_B.T, self.c.unsqueeze(-1), upper=True).squeeze(-1)
 
 
+class _GramAndCross(torch.autograd.Function):
+    """``(Phi^T Phi, Phi^T y)`` in float64 for a chunk Phi [c, r] of any dtype, y [c] float64, saving only Phi
+    itself: the float64 copy of a float32 chunk is made again in the backward pass instead of kept, so statistics
+    over features held in memory (DBK's Phi [n, r]) hold no float64 copy of them. The backward is one product,
+    ``dPhi = Phi (G + G^T) + y g^T``."""
+
+    @staticmethod
+    def forward(ctx, Phi: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.save_for_backward(Phi, y)
+        P = Phi.to(CORE)
+        return P.T @ P, P.T @ y
+
+    @staticmethod
+    def backward(ctx, grad_A: Tensor, grad_b: Tensor):
+        Phi, y = ctx.saved_tensors
+        grad = Phi.to(CORE) @ (grad_A + grad_A.T) + y.unsqueeze(-1) * grad_b
+        return grad.to(Phi.dtype), None
+
+
 def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
     Phi = features(Xc)  # [c, r]
-    A = gram(Phi).to(CORE)
-    b = (Phi.T @ yc.to(Phi.dtype)).to(CORE)
+    A, b = _GramAndCross.apply(Phi, yc.to(CORE))
     trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE, device=A.device)
     return A, b, trace
 
@@ -167,9 +185,17 @@ def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *,
     residual sum is reduced over processes by ``comm``.
     """
     s2 = noise.to(CORE)
-    rss = comm.all_reduce_sum(sum(((yc.to(CORE) - Pc.to(CORE) @ weight_mean) ** 2).sum()
-                                  for Pc, yc in chunks_on(Phi.device, chunk_size, Phi, y)))
-    return (rss + s2 * (weight_mean @ weight_mean)) / s2
+    chunks = chunks_on(Phi.device, chunk_size, Phi, y)
+    if torch.is_grad_enabled() and Phi.shape[0] > chunk_size:  # no float64 copy of a float32 Phi kept for backward
+        rss = sum(checkpoint(_residual_sum, Pc, yc, weight_mean, use_reentrant=False) for Pc, yc in chunks)
+    else:
+        rss = sum(_residual_sum(Pc, yc, weight_mean) for Pc, yc in chunks)
+    return (comm.all_reduce_sum(rss) + s2 * (weight_mean @ weight_mean)) / s2
+
+
+def _residual_sum(Phi: Tensor, y: Tensor, weight_mean: Tensor) -> Tensor:
+    """``||y - Phi mu||^2`` in float64 for a chunk."""
+    return ((y.to(CORE) - Phi.to(CORE) @ weight_mean) ** 2).sum()
 
 
 def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:

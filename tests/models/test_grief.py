@@ -980,3 +980,28 @@ def test_the_multi_start_runs_only_where_the_truncation_drops_more_than_the_nois
     GRIEF(2, n_eigen=n_eigen, grid_size=12).double().init(X, y)
     assert (found[-1] == "stretched") == stretched
     assert (found[0] > 0.1 * 0.09) == stretched  # the exact GP's sigma^2: 0.0897; dropped: 0.116 and 5e-7
+
+
+def test_beyond_the_held_features_budget_the_evidence_streams_and_agrees(monkeypatch):
+    """Phi [n, p] is held for the residual data fit only while it fits in HELD_FEATURES_BYTES (p = 1,000 features of
+    1.8 million rows would be 14 GB); beyond, the evidence streams its statistics: same value and gradient."""
+    from gpscale.models import _linear
+    X, _, y = sine_problem(300, seed=0)
+    model = GRIEF(2, n_eigen=40, grid_size=10, init_exact_points=0, chunk_size=64).double()
+    model.initialise(X, y, seed=0)
+
+    def evidence_and_gradient():
+        model.zero_grad()
+        value = model.log_marginal_likelihood(X, y)
+        value.backward()
+        return value.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    assert model.holds_features(X)
+    held = evidence_and_gradient()
+    monkeypatch.setattr(_linear, "HELD_FEATURES_BYTES", 300 * 40 * 8 - 1)
+    assert not model.holds_features(X)
+    monkeypatch.setattr(type(model), "phi", lambda *args: pytest.fail("Phi [n, p] held beyond the budget"))
+    streamed = evidence_and_gradient()
+    torch.testing.assert_close(streamed[0], held[0], rtol=1e-10, atol=0)
+    for got, expected in zip(streamed[1], held[1]):
+        torch.testing.assert_close(got, expected, rtol=1e-7, atol=1e-10)

@@ -10,6 +10,7 @@ Users: ``sgpr`` and ``vff`` (:class:`CollapsedGP`: whitened inducing features pl
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..device import chunks_on
-from ..distributed import LOCAL, Comm
+from ..distributed import LOCAL, Comm, global_count
 from ..linalg import CORE, cholesky, solve_lower
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, collapse_cholesky, collapse_qr,
                             evidence_maximising_noise, log_evidence, residual_quad, weight_space_factors)
@@ -28,6 +29,9 @@ __all__ = ["FeatureSpaceGP", "CollapsedGP", "Features", "SOLVERS", "CALIBRATION_
 
 SOLVERS = ("auto", "cholesky", "qr")
 CALIBRATION_MODES = (None, "variance", "posterior")
+# the largest Phi [n, r] (float64 bytes per process) that ``residual_evidence`` holds in training: GP-GRIEF's
+# p = 1,000 features of 1.8 million rows are 14 GB, which with the gradient's copies ran a 24 GB machine out of memory
+HELD_FEATURES_BYTES = 2**31
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class FeatureSpaceGP(GPModel):
       :class:`CollapsedGP`): the statistics carry ``sum_i k(x_i, x_i)`` for Titsias' trace term, and prediction
       adds back ``k(x, x') - phi(x)^T phi(x')``;
     - ``residual_evidence = True`` to hold Phi [n, r] in memory in training (computed in checkpointed chunks) and
-      take the evidence's data fit in its cancellation-free residual form (:func:`residual_quad`);
+      take the evidence's data fit in its cancellation-free residual form (:func:`residual_quad`), while Phi fits
+      in ``HELD_FEATURES_BYTES``; beyond, the evidence streams its statistics like any other;
     - :meth:`predictive_extra`, an independent latent variance per test row (a variance correction).
 
     Two engine settings, which a method that offers them takes as constructor options and sets with
@@ -153,10 +158,21 @@ class FeatureSpaceGP(GPModel):
 
     def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``log N(y | 0, Phi Phi^T + sigma^2 I)`` over every process's rows (float64 scalar, differentiable): from
-        Phi held in memory with the residual data fit (``residual_evidence``), else from one streamed pass."""
-        if self.residual_evidence:
+        Phi held in memory with the residual data fit (``residual_evidence``, while Phi fits in
+        ``HELD_FEATURES_BYTES``), else from one streamed pass."""
+        if self.residual_evidence and self.holds_features(X, comm):
             return self.evidence_of(self.phi(X), y, comm)
         return log_evidence(self.collapse(X, y, comm), self.noise)
+
+    def holds_features(self, X: Tensor, comm: Comm = LOCAL) -> bool:
+        """Whether Phi [n, r] of a process's share of the rows fits in ``HELD_FEATURES_BYTES`` (float64 features,
+        r = :meth:`feature_width`); the same answer on every process, from the global row count."""
+        n_per_process = math.ceil(global_count(X.shape[0], comm) / comm.world_size)
+        return n_per_process * self.feature_width() * torch.finfo(CORE).bits // 8 <= HELD_FEATURES_BYTES
+
+    def feature_width(self) -> int:
+        """r, the number of features; a method with ``residual_evidence`` supplies it."""
+        raise NotImplementedError
 
     def objective(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """What full-batch training maximises; default :meth:`log_marginal_likelihood`."""

@@ -143,6 +143,9 @@ class GRIEF(FeatureSpaceGP):
         on loading), not in every pass: on a GPU each read would wait for the device."""
         return tuple(self.grid_sizes.tolist()), int(self.n_eigen_)
 
+    def feature_width(self) -> int:
+        return self._layout[1]
+
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._layout = self._read_layout()

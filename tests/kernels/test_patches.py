@@ -241,3 +241,16 @@ def test_patch_kernels_are_invariant_and_their_sub_kernels_sum_to_them(make_acti
         check_invariant(OffsetLinear(), action, torch.cat([Z, Xp]))
     K_t = harmonic_kernels(kernel, action, Xp, Z)  # [T, n, m]
     torch.testing.assert_close(K_t.sum(0), kernel(Xp, Z), rtol=0, atol=1e-12)
+
+
+def test_gradients_through_patches_pass_gradcheck():
+    """Extraction is a gather, so gradients reach the images (a deeper layer's outputs) as well as Z and the
+    positions."""
+    kernel = conv_kernel((5, 5, 1), 2, 1, "same", weights=True, tick=True)
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(2, 25, generator=g, dtype=F64, requires_grad=True)
+    Z = torch.rand(3, 4, generator=g, dtype=F64, requires_grad=True)
+    L = (torch.rand(3, 2, generator=g, dtype=F64) * 4).requires_grad_(True)
+    lifted = lambda X, Z, L: kernel.lift(lambda patches: kernel.patch_kernel(Z, patches), X, L)  # noqa: E731
+    assert torch.autograd.gradcheck(lifted, (X, Z, L))
+    assert torch.autograd.gradcheck(kernel.diag, (X,))

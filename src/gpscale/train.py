@@ -205,7 +205,7 @@ def fit(
             _perturb(model, generator, scale=0.1 * (attempt + 1))
             result, state = FitResult(settings=settings, restarts=attempt + 1), None
     _check_improved(result)
-    _check_not_degenerate(result, model, y_fit, comm)
+    _check_not_degenerate(result, model, y_fit, comm, converged=settings.epochs is None)
     model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
@@ -224,27 +224,31 @@ def _check_improved(result: FitResult) -> None:
                             f"at the end: the optimiser diverged. Lower the learning rate (lr={lr}).")
 
 
-# nats per point by which the best objective of a training run may exceed the loss of the model that ignores the
-# inputs before the fit is called degenerate: a trained GP is never worse than that model by more than its KL term
-# and its first epochs' transient (a few nats); SVGP in float32 from an outputscale of 1e12 and a noise of 1e-9,
-# given, stayed at 3e14 nats per point and returned silently without this rule
+# nats per point by which the best objective of a training run may exceed the loss of the best model that ignores
+# the inputs (``likelihood.null_loss``, within every GP's reach) before the fit is called degenerate: a GP trained to
+# convergence is never worse than that model by more than its KL term (a few nats at most); SVGP in float32 from a
+# given outputscale of 1e12 and noise of 1e-9 stayed at 3e14 nats per point and returned silently without this rule
 DEGENERATE_EXCESS = 100.0
 
 
-def _check_not_degenerate(result: FitResult, model: GPModel, y: Tensor, comm: Comm) -> None:
-    """Raise :class:`TrainingError` when even the best objective (per data point) of the run exceeds, by more than
-    ``DEGENERATE_EXCESS`` nats, the loss of the model that ignores the inputs (``likelihood.null_loss``): the
-    hyperparameters it was given or reached are absurd, and the predictions would be too."""
+def _check_not_degenerate(result: FitResult, model: GPModel, y: Tensor, comm: Comm, converged: bool) -> None:
+    """When even the best objective (per data point) of the run exceeds, by more than ``DEGENERATE_EXCESS`` nats, the
+    loss of the best model that ignores the inputs: raise :class:`TrainingError` after training to convergence (the
+    hyperparameters given or reached are absurd, and so would the predictions be); warn after a fixed number of
+    epochs, which may simply have been too few (unscaled targets far from 0 with ``normalize_y=False``, say)."""
     losses = [entry["loss"] for entry in result.history if math.isfinite(entry["loss"])]
     if not losses:
         return
     null = float(comm.all_reduce_max(torch.tensor(model.likelihood.null_loss(y), dtype=torch.float64)))
     best = min(losses)
-    if best > null + DEGENERATE_EXCESS:
-        raise TrainingError(
-            f"training ended with an objective of {best:.4g} nats per point at best, against {null:.4g} for a model "
-            "that ignores the inputs: the fitted model is degenerate. Check the hyperparameters given (an absurd "
-            "outputscale, noise or lengthscale), scale y, or train in dtype='float64'.")
+    if best <= null + DEGENERATE_EXCESS:
+        return
+    message = (f"training ended with an objective of {best:.4g} nats per point at best, against {null:.4g} for a "
+               "model that ignores the inputs: the fitted model is degenerate.")
+    if converged:
+        raise TrainingError(f"{message} Check the hyperparameters given (an absurd outputscale, noise or "
+                            "lengthscale), scale y, or train in dtype='float64'.")
+    warnings.warn(f"{message} Train for more epochs, or scale y (normalize_y=True).", RuntimeWarning, stacklevel=3)
 
 
 class _Plateau:

@@ -39,7 +39,8 @@ from gpscale.models.grief_i_evidence import (
     reweighted_predict,
     row_space_log_likelihood,
 )
-from gpscale.models.grief_init import INIT_STRETCH, SPREAD_FACTORS, _spread_lengthscale, _white_noise_loss
+from gpscale.likelihoods import Gaussian
+from gpscale.models.grief_init import INIT_STRETCH, SPREAD_FACTORS, _spread_lengthscale
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -778,13 +779,13 @@ def test_an_exact_gp_that_explains_nothing_restarts_from_lengthscales_spread_to_
     y = (y - y.mean()) / y.std()
     model = GRIEF(32, n_eigen=100, init_exact_points=400).double()
     stuck, fitted = grief_init.fit_exact_gp(model, X, y, model.kernel)
-    assert fitted.loss >= _white_noise_loss(y) - 1e-3  # the trap is real
+    assert fitted.loss >= Gaussian.null_loss(y) - 1e-3  # the trap is real
     assert torch.allclose(stuck.kernel.lengthscale, model.kernel.lengthscale)
     model.init(X, y)
     ls = model.kernel.lengthscale
     assert ls[:2].max() < ls[2:].median() / 3  # the two relevant inputs found
     with torch.no_grad():
-        assert model.loss(X, y, 400).item() < _white_noise_loss(y) - 0.3
+        assert model.loss(X, y, 400).item() < Gaussian.null_loss(y) - 0.3
 
 
 def test_the_restart_fits_from_each_spread_factor_and_keeps_the_largest_evidence(monkeypatch):

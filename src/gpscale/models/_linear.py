@@ -168,11 +168,12 @@ class FeatureSpaceGP(GPModel):
         """Whether Phi [n, r] of a process's share of the rows fits in ``HELD_FEATURES_BYTES`` (float64 features,
         r = :meth:`feature_width`); the same answer on every process, from the global row count."""
         n_per_process = math.ceil(global_count(X.shape[0], comm) / comm.world_size)
-        return n_per_process * self.feature_width() * torch.finfo(CORE).bits // 8 <= HELD_FEATURES_BYTES
+        return n_per_process * self.feature_width(X) * torch.finfo(CORE).bits // 8 <= HELD_FEATURES_BYTES
 
-    def feature_width(self) -> int:
-        """r, the number of features; a method with ``residual_evidence`` supplies it."""
-        raise NotImplementedError
+    @torch.no_grad()
+    def feature_width(self, X: Tensor) -> int:
+        """r, the number of features, from one row of X [n, d] (a method that knows r overrides this)."""
+        return self.feature_map(self.feature_state())(X[:1]).shape[-1]
 
     def objective(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """What full-batch training maximises; default :meth:`log_marginal_likelihood`."""

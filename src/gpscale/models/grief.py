@@ -143,7 +143,7 @@ class GRIEF(FeatureSpaceGP):
         on loading), not in every pass: on a GPU each read would wait for the device."""
         return tuple(self.grid_sizes.tolist()), int(self.n_eigen_)
 
-    def feature_width(self) -> int:
+    def feature_width(self, X: Tensor) -> int:
         return self._layout[1]
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .. import lbfgs
 from ..kernels import Kernel, inverse_softplus
+from ..likelihoods import Gaussian
 from ..linalg import CORE, NumericalWarning
 from ._linear import FeatureSpaceGP
 from .exact import ExactGP
@@ -78,7 +79,7 @@ def initialise_from_exact_gp(model: FeatureSpaceGP, X: Tensor, y: Tensor, seed: 
     rows = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(seed))[: model.init_exact_points]
     Xs, ys = X.detach()[rows.to(X.device)].to(CORE), y.detach()[rows.to(y.device)].to(CORE)
     exact, fitted = fit_exact_gp(model, Xs, ys, model.kernel)
-    if fitted.evaluated and fitted.loss >= _white_noise_loss(ys) - EXPLAINS_NOTHING:
+    if fitted.evaluated and fitted.loss >= Gaussian.null_loss(ys) - EXPLAINS_NOTHING:
         # the fit stayed where the kernel between distinct rows is ~0 (lengthscales far below the spacing of the
         # rows, as ln 2 is in 32 standardised dimensions): restart where typical rows correlate
         spread = _spread_lengthscale(Xs, model.kernel.ard)
@@ -199,11 +200,6 @@ def noise_range(scale: float, floor: float) -> tuple[float, float]:
     ``inverse_softplus(sigma^2 - floor)`` is at least ``inverse_softplus(floor)``."""
     lower = max(scale / INIT_RANGE, 2 * floor)
     return lower, max(scale, lower) * INIT_RANGE
-
-
-def _white_noise_loss(y: Tensor) -> float:
-    """The exact GP's loss (negative log evidence per point) of the best white-noise model, N(0, mean(y^2) I)."""
-    return 0.5 * (math.log(2 * math.pi * (y**2).mean().item()) + 1.0)
 
 
 def _spread_lengthscale(X: Tensor, ard: bool) -> Tensor:

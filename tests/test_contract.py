@@ -42,6 +42,10 @@ TINY = {
     "vff-svgp": {"n_frequencies": 6},
     "odvgp": {"n_inducing": 8, "n_mean_inducing": 16},
     "odvff": {"n_frequencies": 4, "n_mean_inducing": 16},
+    # each row a one-pixel-high image as wide as X has columns, patches of two neighbouring pixels: the generic
+    # tabular data of every suite (and scikit-learn's checks, whatever their number of columns) is image data
+    "conv-svgp": {"n_inducing": 8, "image_shape": (1, -1), "filter_size": (1, 2)},
+    "conv-hvgp": {"n_inducing": 4, "image_shape": (1, -1), "filter_size": (1, 2)},
 }
 METHODS = sorted(TINY)
 CLASSIFIERS = sorted(k for k in TINY if "bernoulli" in get_model_class(k).likelihoods)

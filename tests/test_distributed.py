@@ -48,7 +48,11 @@ METHODS = {
     # no training: MALA on the all-reduced statistics, seeded alike on every rank
     "grief-i": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5, n_iterations=200, burn_in=50,
                     thin=5, n_chains=1),
+    # one-pixel-high images of D pixels: inducing patches by k-means on rank 0, broadcast
+    "conv-svgp": dict(n_inducing=4, image_shape=(1, D), filter_size=(1, 1)),
+    "conv-hvgp": dict(n_inducing=3, image_shape=(1, D), filter_size=(1, 2)),
 }
+HYPHENATED = ("vff-svgp", "grief-i", "conv-svgp", "conv-hvgp")  # registry keys, not a key and a variant
 
 
 def data():
@@ -64,7 +68,7 @@ def shards():
 
 def make(method):
     torch.manual_seed(1)  # the same network initialisation in every process (SVDBK)
-    key = method if method in ("vff-svgp", "grief-i") else method.split("-")[0]
+    key = method if method in HYPHENATED else method.split("-")[0]
     return get_model_class(key)(D, **METHODS[method]).double()
 
 
@@ -146,7 +150,7 @@ TOLERANCE = {"grief": dict(rtol=1e-6, atol=1e-7), "grief-i": dict(rtol=1e-6, ato
 
 
 def test_every_registered_method_trains_in_two_processes_here():
-    assert {key if key in ("vff-svgp", "grief-i") else key.split("-")[0] for key in METHODS} == set(available_methods())
+    assert {key if key in HYPHENATED else key.split("-")[0] for key in METHODS} == set(available_methods())
 
 
 @pytest.mark.parametrize("method", list(METHODS))

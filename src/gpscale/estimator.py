@@ -402,8 +402,9 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     method : str, default="auto"
         A method key (``gpscale.available_methods()``: ``"exact"``, ``"sgpr"``, ``"svgp"``, ``"softki"``,
         ``"grief"``, ``"grief-i"``, ``"dbk"``, ``"svdbk"``, ``"hvgp"``, ``"vff"``, ``"vff-svgp"``, ``"odvgp"``,
-        ``"odvff"``), or ``"auto"``: the exact GP up to 2,000 rows, SGPR (512 inducing points, full batch) while
-        a pass over the data costs at most that of 50,000 rows of 20 features, SVGP beyond
+        ``"odvff"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``), or ``"auto"``: the exact GP up to 2,000
+        rows, SGPR (512 inducing points, full batch) while a pass over the data costs at most that of 50,000 rows
+        of 20 features, SVGP beyond
         (:func:`gpscale.defaults.choose_method`). ``method_`` says what was fitted and ``summary()`` why.
     n_inducing : int or None, default=None
         Inducing points (or basis functions) for methods that have them, capped at n. None: the method's default.
@@ -581,7 +582,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     ----------
     method : str, default="auto"
         A method whose objective takes a non-Gaussian likelihood: ``"svgp"``, ``"hvgp"``, ``"odvgp"``,
-        ``"odvff"``, ``"vff-svgp"``, ``"svdbk"``; the others say so. ``"auto"``: ``"svgp"``.
+        ``"odvff"``, ``"vff-svgp"``, ``"svdbk"``, and for images ``"conv-svgp"``, ``"conv-hvgp"`` (with
+        ``image_shape``); the others say so. ``"auto"``: ``"svgp"``.
     likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
         None: "bernoulli" for two classes, "robustmax" for more.
     n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction, patience, val_every, seed, dtype,

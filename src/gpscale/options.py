@@ -26,6 +26,7 @@ class Constraint:
         integer: the value must be an integer (a float with an integral value is not: ``epochs=2.0`` is
             refused as ``epochs=2.5`` is, since the option counts something).
         means: what the option is, for the message.
+        pair: a (height, width) pair of such values is admitted too (an image filter's size, its stride).
     """
 
     integer: bool
@@ -35,8 +36,14 @@ class Constraint:
     high_open: bool = False
     words: tuple[str, ...] = ()
     means: str = ""
+    pair: bool = False
 
     def admits(self, value) -> bool:
+        if self.pair and isinstance(value, (tuple, list)) and len(value) == 2:
+            return all(self._admits_one(v) for v in value)
+        return self._admits_one(value)
+
+    def _admits_one(self, value) -> bool:
         if isinstance(value, str):
             return value in self.words
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -59,7 +66,8 @@ class Constraint:
             what += f" {'>' if self.low_open else '>='} {self.low:g}"
         elif self.high is not None:
             what += f" {'<' if self.high_open else '<='} {self.high:g}"
-        return what + "".join(f" or {word!r}" for word in self.words)
+        what += "".join(f" or {word!r}" for word in self.words)
+        return what + (" (or a (height, width) pair of them)" if self.pair else "")
 
 
 def _count(what: str, low: int = 1) -> Constraint:
@@ -100,6 +108,8 @@ CONSTRAINTS: dict[str, Constraint] = {
     "n_ways": _count("ways of the harmonic decomposition"),
     "period": _count("rotations of the longitude group"),
     "step": Constraint(True, low=1, means="the pixels of one roll of the image group"),
+    "filter_size": Constraint(True, low=1, pair=True, means="the pixels of a convolutional patch along each side"),
+    "stride": Constraint(True, low=1, pair=True, means="the pixels between neighbouring convolutional patches"),
     "n_classes": _count("classes", low=2),
     "init_exact_points": _count("rows of the exact GP that starts GP-GRIEF's hyperparameters (0: none)", low=0),
     "init_iterations": _count("L-BFGS iterations of GP-GRIEF's exact-GP initialisation"),

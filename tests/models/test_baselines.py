@@ -307,7 +307,9 @@ JOINT_OPTIONS = {"exact": {}, "sgpr": {"n_inducing": 10}, "svgp": {"n_inducing":
                  "dbk": {"n_basis": 8, "width": 16}, "svdbk": {"n_basis": 8, "width": 16},
                  "hvgp": {"n_inducing": 5, "n_ways": 1}, "vff": {"n_frequencies": 6},
                  "vff-svgp": {"n_frequencies": 6}, "odvgp": {"n_inducing": 8, "n_mean_inducing": 16},
-                 "odvff": {"n_frequencies": 4, "n_mean_inducing": 16}}
+                 "odvff": {"n_frequencies": 4, "n_mean_inducing": 16},
+                 "conv-svgp": {"n_inducing": 8, "image_shape": (1, 2), "filter_size": (1, 1)},
+                 "conv-hvgp": {"n_inducing": 4, "image_shape": (1, 2), "filter_size": (1, 2)}}
 
 
 @pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged")  # a chain of 60 steps, on purpose

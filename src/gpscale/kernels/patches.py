@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
+from ..device import HostConstants
 from .harmonic import Negation, Product
 from .stationary import Kernel, Matern
 
@@ -39,6 +40,8 @@ __all__ = ["PADDINGS", "PatchGeometry", "extract_patches", "ConvKernel", "tick_l
 PADDINGS = ("valid", "same")
 # the largest intermediate a chunked pass builds, in entries: 2^22 (32 MB in float64), as HVGP's chunks
 CHUNK_ENTRIES = 2**22
+# the patches of the images that one call of the patch kernel pairs in ConvKernel.diag
+DIAG_PATCHES = 256
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -104,9 +107,18 @@ class PatchGeometry:
         self.patch_dim = self.filter[0] * self.filter[1] * self.channels
         self.n_pixels = self.height * self.width * self.channels
         self.index = self._index()
+        self.constants = HostConstants()  # index and locations, copied once to each device (and dtype) they serve
         rows = torch.arange(out[0], dtype=torch.float64) * self.stride[0] - self.pads[0]
         cols = torch.arange(out[1], dtype=torch.float64) * self.stride[1] - self.pads[2]
         self.locations = torch.cartesian_prod(rows, cols)  # [P, 2], patch p = (row r, column c) at r * out_w + c
+
+    def index_on(self, device) -> Tensor:
+        """:attr:`index` on ``device``, copied there once."""
+        return self.constants.get("index", lambda: self.index, torch.long, device)
+
+    def locations_on(self, dtype: torch.dtype, device) -> Tensor:
+        """:attr:`locations` in ``dtype`` on ``device``, copied there once."""
+        return self.constants.get("locations", lambda: self.locations, dtype, device)
 
     def _index(self) -> Tensor:
         """[P, fh fw]: pixel (r s_h + i, c s_w + j) of the padded image for patch (r, c), pixel (i, j) of the patch."""
@@ -145,13 +157,13 @@ class PatchGeometry:
         """The patches [n, P, d] of the images X (any layout of :meth:`images`): patch p = (r, c) is row
         ``r * out_w + c``, each patch flattened over [fh, fw, C]. One gather: memory n P d."""
         pixels = self._padded_pixels(X)  # [n, Hp Wp, C]
-        index = self.index.to(X.device)
+        index = self.index_on(X.device)
         return pixels[:, index.reshape(-1)].reshape(X.shape[0], self.n_patches, self.patch_dim)
 
     def patch(self, X: Tensor, images: Tensor, patches: Tensor) -> Tensor:
         """Patch ``patches[k]`` of image ``images[k]`` [k, d]: only those images are padded and read."""
         pixels = self._padded_pixels(X[images])  # [k, Hp Wp, C]
-        index = self.index.to(X.device)[patches]  # [k, fh fw]
+        index = self.index_on(X.device)[patches]  # [k, fh fw]
         rows = torch.arange(len(images), device=X.device).unsqueeze(-1)
         return pixels[rows, index].reshape(len(images), self.patch_dim)
 
@@ -163,6 +175,17 @@ class PatchGeometry:
         patches = torch.randint(self.n_patches, (n,), generator=g)
         return (self.patch(X, images.to(X.device), patches.to(X.device)),
                 self.locations[patches].to(device=X.device, dtype=X.dtype))
+
+    def config(self) -> dict:
+        """The constructor's arguments as JSON values: ``PatchGeometry(**geometry.config())`` is the same
+        geometry."""
+        return {"image_shape": [self.height, self.width, self.channels], "filter_size": list(self.filter),
+                "stride": list(self.stride), "padding": self.padding}
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PatchGeometry) and self.config() == other.config()
+
+    __hash__ = None  # mutable tensors inside: equal by value, not hashable
 
     def __repr__(self) -> str:
         return (f"PatchGeometry(image_shape={(self.height, self.width, self.channels)}, filter_size={self.filter}, "
@@ -190,20 +213,21 @@ class ConvKernel(Kernel):
 
     Args:
         patch_kernel: k_patch on patch vectors [r, d].
-        geometry: the :class:`PatchGeometry` (image shape, filter, stride, padding).
+        geometry: the :class:`PatchGeometry` (image shape, filter, stride, padding), or its
+            :meth:`PatchGeometry.config` (a dict of its arguments).
         location_weights: learn the weights w [P] (start at 1), else w = 1.
         location_kernel: k_loc on patch positions [r, 2] (TICK, e.g. :func:`tick_location_kernel`), or None.
 
     Inputs X are images in any layout of :meth:`PatchGeometry.images`; the model engines pass rows [n, H W C].
     """
 
-    def __init__(self, patch_kernel: Kernel, geometry: PatchGeometry, location_weights: bool = False,
+    def __init__(self, patch_kernel: Kernel, geometry: PatchGeometry | dict, location_weights: bool = False,
                  location_kernel: Kernel | None = None):
         super().__init__()
         self.patch_kernel = patch_kernel
-        self.geometry = geometry
+        self.geometry = geometry if isinstance(geometry, PatchGeometry) else PatchGeometry(**geometry)
         self.location_kernel = location_kernel
-        weights = torch.ones(geometry.n_patches)
+        weights = torch.ones(self.geometry.n_patches)
         if location_weights:
             self.patch_weights = nn.Parameter(weights)
         else:
@@ -213,13 +237,24 @@ class ConvKernel(Kernel):
     def tick(self) -> bool:
         return self.location_kernel is not None
 
+    @property
+    def location_weights(self) -> bool:
+        """Whether the weights w are learned (a parameter) rather than fixed at 1 (a buffer)."""
+        return isinstance(self.patch_weights, nn.Parameter)
+
+    def config(self) -> dict:
+        """The constructor's arguments (the geometry as its dict), so that a model file rebuilds the kernel's
+        structure (:func:`gpscale.kernels.kernel_spec`); the weights and hyperparameters come from the state."""
+        return {"patch_kernel": self.patch_kernel, "geometry": self.geometry.config(),
+                "location_weights": self.location_weights, "location_kernel": self.location_kernel}
+
     def scaled_weights(self, X: Tensor) -> Tensor:
         """w / P [P], in X's dtype and device: the average over patches with the location weights."""
         return self.patch_weights.to(device=X.device, dtype=X.dtype) / self.geometry.n_patches
 
     def locations(self, X: Tensor) -> Tensor:
         """The patch positions l_p [P, 2] in X's dtype and device."""
-        return self.geometry.locations.to(device=X.device, dtype=X.dtype)
+        return self.geometry.locations_on(X.dtype, X.device)
 
     def location_gram(self, L: Tensor, X: Tensor) -> Tensor:
         """``k_loc(L, l_p)`` [..., m, P] for positions L [..., m, 2] (TICK only)."""
@@ -253,13 +288,18 @@ class ConvKernel(Kernel):
             columns.append(K @ w)  # [..., m, c]
         return torch.cat(columns, -1)
 
-    def patch_gram(self, patches: Tensor) -> Tensor:
-        """``k_patch(x^[p], x^[p']) [k_loc(l_p, l_p')]`` [P, P] for one image's patches [P, d]."""
+    def patch_gram(self, patches: Tensor, location_gram: Tensor | None = None) -> Tensor:
+        """``k_patch(x^[p], x^[p']) [k_loc(l_p, l_p')]`` [P, P] for one image's patches [P, d]; ``location_gram``
+        [P, P] is k_loc(l, l), the same for every image (computed here when not given)."""
         K = self.patch_kernel(patches, patches)
         if self.tick:
-            locations = self.locations(patches)
-            K = K * self.location_kernel(locations, locations)
+            K = K * (self.location_self_gram(patches) if location_gram is None else location_gram)
         return K
+
+    def location_self_gram(self, X: Tensor) -> Tensor:
+        """``k_loc(l_p, l_p')`` [P, P] between the patch positions, in X's dtype and device (TICK only)."""
+        locations = self.locations(X)
+        return self.location_kernel(locations, locations)
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
         """The dense K_ff [n1, n2]; memory O(c P n2 P) for chunks of c = max(1, 2^22 / (P n2 P)) rows of X1."""
@@ -280,11 +320,25 @@ class ConvKernel(Kernel):
         return torch.cat(rows)
 
     def diag(self, X: Tensor) -> Tensor:
-        """``k(x, x) = w^T K_pp(x) w / P^2`` [n], one image's [P, P] patch Gram matrix at a time (memory P^2; the
-        Gram matrices differ between images, so this is the cost of the exact variance)."""
+        """``k(x, x) = w^T K_pp(x) w / P^2`` [n] from each image's [P, P] patch Gram matrix (the Gram matrices
+        differ between images, so this is the cost of the exact variance). Images go c = max(1, 256 / P) at a time
+        through one patch-kernel call [c P, c P], of which the c diagonal blocks are kept: wasted work of a factor
+        c where P is small, which costs less than a call per image; for P >= 256 one image a call, memory P^2."""
+        if not len(X):
+            return X.new_zeros(0)
+        P, d = self.geometry.n_patches, self.geometry.patch_dim
         w = self.scaled_weights(X)
-        patches = self.geometry.extract(X)  # [n, P, d]
-        return torch.stack([w @ self.patch_gram(image) @ w for image in patches]) if len(X) else X.new_zeros(0)
+        K_loc = self.location_self_gram(X) if self.tick else None  # once: the positions are every image's
+        values = []
+        for Xc in torch.split(X, max(1, DIAG_PATCHES // P)):
+            c = Xc.shape[0]
+            patches = self.geometry.extract(Xc).reshape(c * P, d)
+            K = self.patch_kernel(patches, patches).reshape(c, P, c, P)
+            K = torch.diagonal(K, dim1=0, dim2=2).permute(2, 0, 1)  # [c, P, P]: each image against itself
+            if K_loc is not None:
+                K = K * K_loc
+            values.append(torch.einsum("cpq,p,q->c", K, w, w))
+        return torch.cat(values)
 
 
 def patch_negation() -> Negation:

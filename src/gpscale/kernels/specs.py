@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .patches import ConvKernel
 from .separable import AdditiveMatern, ProductMatern
 from .stationary import RBF, Kernel, Matern, Periodic, Sum
 
 __all__ = ["KERNEL_NAMES", "make_kernel", "register_kernel", "registered_kernel", "kernel_spec", "kernel_from_spec"]
 
 _BUILT_IN: dict[str, type[Kernel]] = {cls.__name__: cls for cls in (RBF, Matern, Periodic, Sum, AdditiveMatern,
-                                                                    ProductMatern)}
+                                                                    ProductMatern, ConvKernel)}
 _REGISTERED: dict[str, Callable[[int], Kernel]] = {}
 
 

@@ -288,8 +288,12 @@ GRIEF_TABLE1_P = {
 }
 
 
-def test_grief_protocols_are_registered():
-    assert get_protocol("grief-table1").version == 9 and get_protocol("grief-scale").version == 3
+def test_grief_protocols_are_registered_and_keep_the_papers_exact_gp_rows():
+    assert get_protocol("grief-table1").version == 10 and get_protocol("grief-scale").version == 4
+    for name in ("grief-table1", "grief-scale"):  # the estimators' default is 500; the paper fits on 1000
+        for method in get_protocol(name).methods:
+            if method.key.startswith("grief"):
+                assert method.options["init_exact_points"] == 1000, (name, method.label)
 
 
 def test_grief_table1_layout():

@@ -639,7 +639,8 @@ def test_se_factor_is_the_one_dimensional_se_kernel():
 # --- the model: defaults, options, training, estimator ---------------------------------------------------------------
 def test_defaults_follow_the_paper():
     model = GRIEF(3)
-    assert model.grid_size == 10 and model.init_exact_points == 1000 and model.n_eigen is None
+    assert model.grid_size == 10 and model.n_eigen is None
+    assert model.init_exact_points == 500  # not the paper's 1000: the same scores in a third of the time
     assert model.jitter == 1e-12 and model.init_noise == "grief" and GRIEF.full_batch
     assert model.init_stretch == (1.0, 2.0, 4.0, 8.0, 16.0)  # not the paper's: it starts from the exact GP alone
     assert get_model_class("grief") is GRIEF

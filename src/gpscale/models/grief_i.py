@@ -1,7 +1,7 @@
 """GP-GRIEF-I: type-I inference on re-weighted grid eigenfunctions (Evans & Nair, ICML 2018, Section 3.2).
 
-The SE-ARD hyperparameters theta stay at the paper's initialisation (an exact GP on at most 1000 rows,
-:func:`~gpscale.models.grief_init.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise
+The SE-ARD hyperparameters theta stay at their initialisation (an exact GP on a random subset of the rows, as the
+paper's, :func:`~gpscale.models.grief_init.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise
 sigma_0^2 is by default the maximiser of the w = 1 GRIEF evidence at that theta (``init_noise="grief"``; the paper:
 the exact GP's sigma^2). The evidences are :mod:`gpscale.models.grief_i_evidence`.
 One streamed pass gives ``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of

@@ -467,3 +467,42 @@ def test_image_transforms_move_each_image_by_a_group_element(transform):
         load_dataset("pol", image_transform="roll")
     with pytest.raises(ValueError, match="image sets only"):
         load_dataset("friedman1", n=100, image_transform="flip")
+
+
+def _fake_fashion_mnist(rng, n_train=12, n_test=5):
+    """Arrays laid out as Fashion-MNIST's: 28 x 28 uint8 images and labels 0..9, train and test."""
+    return {"train_images": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+            "train_labels": rng.integers(0, 10, n_train).astype(np.int8),
+            "test_images": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+            "test_labels": rng.integers(0, 10, n_test).astype(np.int8)}
+
+
+def _write_idx(path, array):
+    """A gzipped IDX file: two zero bytes, type 8 (unsigned bytes), the number of dimensions, big-endian sizes."""
+    header = bytes([0, 0, 8, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_loads_the_official_split_from_the_folder_or_the_debian_package(tmp_path, monkeypatch):
+    arrays = _fake_fashion_mnist(np.random.default_rng(0))
+    (tmp_path / "images").mkdir()
+    np.savez(tmp_path / "images" / "fashion_mnist.npz", **arrays)
+    package = tmp_path / "package"
+    package.mkdir()
+    for key, file in data.FASHION_MNIST_IDX.items():
+        _write_idx(package / file, arrays[key])
+    monkeypatch.setattr(data, "FASHION_MNIST_PACKAGE", package)
+    from_folder = load_dataset("fashion_mnist", data_dir=tmp_path, standardize_y=False)
+    from_package = load_dataset("fmnist", data_dir=tmp_path / "missing", standardize_y=False)
+    for ds in (from_folder, from_package):
+        assert (ds.n_train, ds.n_test, ds.d) == (12, 5, 784) and ds.kind == "images"
+        np.testing.assert_array_equal(ds.X_train, arrays["train_images"].reshape(12, -1) / 255.0)  # not z-scored
+        np.testing.assert_array_equal(ds.y_test, arrays["test_labels"])
+    listed = {row["name"]: row for row in data.list_datasets(tmp_path)}["fashion_mnist"]
+    assert (listed["n"], listed["d"], listed["splits"]) == (17, 784, 1)
+    with pytest.raises(ValueError, match="split must be 0 for this image set's official train/test split"):
+        load_dataset("fashion_mnist", split=1, data_dir=tmp_path)
+    monkeypatch.setattr(data, "FASHION_MNIST_PACKAGE", tmp_path / "not-installed")
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        load_dataset("fashion_mnist", data_dir=tmp_path / "missing")

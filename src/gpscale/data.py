@@ -13,12 +13,16 @@ md/rmd17_<mol>.npz     R [n, A, 3], E [n], train_idx/test_idx      5 fixed split
                                                                    (or 1 / pairwise distances [n, A(A-1)/2])
 geo/etopo2022_...npz   lat, lon (degrees), elev_mean [n]           seeded random 90/10; X = unit vectors
 images/mnist5k.npz     images [n, 28, 28] uint8, labels [n]        seeded random 90/10; X = pixels / 255
+images/fashion_mnist   train_images [60000, 28, 28] uint8,         the official 60,000 / 10,000 (split 0);
+ .npz                  train_labels, test_images, test_labels      X = pixels / 255
 =====================  ==========================================  ======================================
 
 Names: a UCI name (``pol``), a PMLB file name with or without its number (``564_fried`` or ``fried``),
-``rmd17_aspirin`` or ``aspirin``, ``etopo`` / ``elevation``, ``mnist5k``, or ``<folder>/<file stem>`` for any
-file (``uci_pbp/boston``). ``friedman1``, ``friedman1_d11``, ``gp_sample`` and ``matern32_d1`` / ``_d5`` / ``_d10``
-are generated and need no data folder.
+``rmd17_aspirin`` or ``aspirin``, ``etopo`` / ``elevation``, ``mnist5k``, ``fashion_mnist`` / ``fmnist``, or
+``<folder>/<file stem>`` for any file (``uci_pbp/boston``). Fashion-MNIST is also read from Debian's
+``dataset-fashion-mnist`` package (``apt-get install dataset-fashion-mnist``: its four IDX files under
+/usr/share/datasets/fashion-mnist) when the data folder does not hold it. ``friedman1``, ``friedman1_d11``,
+``gp_sample`` and ``matern32_d1`` / ``_d5`` / ``_d10`` are generated and need no data folder.
 
 ``load_dataset(..., random_split=True)`` replaces a file's fixed splits by a seeded random one, and
 ``x_scaling='minmax'`` maps the inputs to [-1, 1] instead of z-scoring them (both for protocols of papers that
@@ -27,8 +31,10 @@ did so, e.g. the Deep Basis Kernel paper's random 70/10/20 splits of [-1, 1]-sca
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import math
 import os
 import re
 import tempfile
@@ -65,7 +71,12 @@ GENERATED = {"friedman1": 10, "friedman1_d11": 11, "gp_sample": 2,
              "matern32_d1": 1, "matern32_d5": 5, "matern32_d10": 10}  # name -> d
 DEFAULT_N_GENERATED = 40_000
 # Short names of single files; the first name of each file is the one listed.
-_ALIASES = {"etopo": "geo/etopo2022_healpix128", "elevation": "geo/etopo2022_healpix128", "mnist5k": "images/mnist5k"}
+_ALIASES = {"etopo": "geo/etopo2022_healpix128", "elevation": "geo/etopo2022_healpix128", "mnist5k": "images/mnist5k",
+            "fashion_mnist": "images/fashion_mnist", "fmnist": "images/fashion_mnist"}
+# where Debian's dataset-fashion-mnist package installs the IDX files, read when the data folder lacks the npz
+FASHION_MNIST_PACKAGE = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_IDX = {"train_images": "train-images-idx3-ubyte.gz", "train_labels": "train-labels-idx1-ubyte.gz",
+                     "test_images": "t10k-images-idx3-ubyte.gz", "test_labels": "t10k-labels-idx1-ubyte.gz"}
 _UNSTANDARDISED_X = ("geo", "images")  # inputs already on a natural scale (unit vectors, pixel intensities)
 
 
@@ -260,14 +271,14 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
             raise ValueError(f"molecule_features applies to rMD17 sets only, not to {name!r} ({kind}).")
         if image_transform is not None and kind != "images":
             raise ValueError(f"image_transform applies to image sets only, not to {name!r} ({kind}).")
-        with np.load(path) as z:
+        with _arrays(path) as z:
             X, y = _features(kind, z, molecule_features)
             if image_transform is not None:
                 moves = np.random.default_rng([seed, split, 2])
                 X = _transform_images(X, z["images"].shape[1:], image_transform, moves)
             if not (np.isfinite(X).all() and np.isfinite(y).all()):
                 raise ValueError(f"{path} contains non-finite values; re-create or re-download the file.")
-            if kind in ("uci", "uci_pbp", "md") and not random_split:
+            if _has_fixed_split(kind, z) and not random_split:
                 train, test = _fixed_split(kind, z, split)
             else:
                 train, test = _random_split(len(y), test_fraction, rng)
@@ -283,6 +294,9 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
 
 def _locate(name: str, root: Path | None) -> tuple[str, Path]:
     """Map a data-set name to (kind, path of its npz file), or raise FileNotFoundError saying where it looked."""
+    if _ALIASES.get(name) == _ALIASES["fashion_mnist"] and (root is None or not root.is_dir()) \
+            and _holds_fashion_mnist_idx(FASHION_MNIST_PACKAGE):
+        return "images", FASHION_MNIST_PACKAGE
     if root is None:
         raise FileNotFoundError(f"data set {name!r} needs a data folder and none is set: "
                                 + _how_to_fix(name))
@@ -299,8 +313,10 @@ def _locate(name: str, root: Path | None) -> tuple[str, Path]:
         mol = name.removeprefix("rmd17_")
         candidates = [("uci", root / "uci" / f"{name}.npz"), ("md", root / "md" / f"rmd17_{mol}.npz"),
                       ("pmlb", root / "pmlb" / f"{name}.npz"), ("pmlb", _pmlb_short_name(root, name))]
+    if name == _ALIASES["fashion_mnist"]:  # else from the Debian package's files
+        candidates.append(("images", FASHION_MNIST_PACKAGE))
     for kind, path in candidates:
-        if path.is_file():
+        if path.is_file() or (path == FASHION_MNIST_PACKAGE and _holds_fashion_mnist_idx(path)):
             return kind, path
     looked = ", ".join(str(path) for _, path in candidates)
     raise FileNotFoundError(f"no file for data set {name!r}; looked for {looked}. " + _how_to_fix(name))
@@ -320,6 +336,10 @@ def _how_to_fix(name: str) -> str:
             "gpscale.data.list_datasets() shows what is there.")
     if name in UCI_SIZES:
         hint += f" UCI sets can be fetched with `gpscale data download {name}` (writes <data folder>/uci/{name}.npz)."
+    if _ALIASES.get(name, name) == _ALIASES["fashion_mnist"]:
+        hint += (" Fashion-MNIST also comes from Debian's package: `apt-get install dataset-fashion-mnist` installs "
+                 f"its IDX files in {FASHION_MNIST_PACKAGE}, which gpscale reads when the data folder lacks "
+                 "images/fashion_mnist.npz.")
     return hint
 
 
@@ -344,9 +364,48 @@ def _features(kind: str, z, molecule_features: str = "cartesian") -> tuple[np.nd
         X = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
         return X, z["elev_mean"].astype(np.float64)
     if kind == "images":
-        images = z["images"]
-        return images.reshape(images.shape[0], -1) / 255.0, z["labels"].astype(np.float64)
+        if "train_images" in z:  # an official train/test split: the training rows first
+            images = np.concatenate([z["train_images"], z["test_images"]])
+            labels = np.concatenate([z["train_labels"], z["test_labels"]])
+        else:
+            images, labels = z["images"], z["labels"]
+        return images.reshape(images.shape[0], -1) / 255.0, labels.astype(np.float64)
     return z["X"].astype(np.float64), z["y"].astype(np.float64)
+
+
+@contextlib.contextmanager
+def _arrays(path: Path):
+    """The named arrays of an npz file, or of the Fashion-MNIST IDX files in a folder (Debian's package)."""
+    if path.is_dir():
+        yield {key: _read_idx(path / file) for key, file in FASHION_MNIST_IDX.items()}
+        return
+    with np.load(path) as z:
+        yield z
+
+
+def _holds_fashion_mnist_idx(folder: Path) -> bool:
+    return all((folder / file).is_file() for file in FASHION_MNIST_IDX.values())
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """An array from a gzipped IDX file (the MNIST format): two zero bytes, a type code (8: unsigned bytes), the
+    number of dimensions, each size as a big-endian int32, then the values."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 8:
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes; reinstall dataset-fashion-mnist.")
+    ndim = data[3]
+    shape = tuple(int(v) for v in np.frombuffer(data, dtype=">i4", count=ndim, offset=4))
+    values = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if values.size != math.prod(shape):
+        raise ValueError(f"{path} holds {values.size} values for the shape {shape}; reinstall dataset-fashion-mnist.")
+    return values.reshape(shape)
+
+
+def _has_fixed_split(kind: str, z) -> bool:
+    """Whether the file's own splits are used: UCI folds, uci_pbp and rMD17 index rows, an image set's official
+    train/test split."""
+    return kind in ("uci", "uci_pbp", "md") or (kind == "images" and "train_images" in z)
 
 
 def _transform_images(X: np.ndarray, shape: tuple[int, int], transform: str, rng: np.random.Generator) -> np.ndarray:
@@ -365,7 +424,14 @@ def _transform_images(X: np.ndarray, shape: tuple[int, int], transform: str, rng
 
 
 def _fixed_split(kind: str, z, split: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train, test) row selections of fixed split ``split``: UCI test folds, or train_idx/test_idx rows."""
+    """(train, test) row selections of fixed split ``split``: UCI test folds, train_idx/test_idx rows, or an image
+    set's one official split (its training rows first)."""
+    if kind == "images":
+        if split != 0:
+            raise ValueError(f"split must be 0 for this image set's official train/test split, got {split}; pass "
+                             "random_split=True for a seeded random split.")
+        n_train = len(z["train_labels"])
+        return np.arange(n_train), np.arange(n_train, n_train + len(z["test_labels"]))
     n_splits = UCI_N_SPLITS if kind == "uci" else z["train_idx"].shape[0]
     if split >= n_splits:
         raise ValueError(f"split must be in 0..{n_splits - 1} for this {kind} data set, got {split}.")
@@ -415,6 +481,9 @@ def _file_info(kind: str, path: Path) -> dict:
     if kind == "geo":
         return {"n": shapes["lat"][0], "d": 3, "splits": None}
     if kind == "images":
+        if "train_images" in shapes:  # an official train/test split
+            n_train, *pixels = shapes["train_images"]
+            return {"n": n_train + shapes["test_images"][0], "d": int(np.prod(pixels)), "splits": 1}
         n, *pixels = shapes["images"]
         return {"n": n, "d": int(np.prod(pixels)), "splits": None}
     n, d = shapes["X"]

@@ -46,6 +46,10 @@ TINY = {
     # tabular data of every suite (and scikit-learn's checks, whatever their number of columns) is image data
     "conv-svgp": {"n_inducing": 8, "image_shape": (1, -1), "filter_size": (1, 2)},
     "conv-hvgp": {"n_inducing": 4, "image_shape": (1, -1), "filter_size": (1, 2)},
+    # a hidden layer of one-pixel patches and 2 channels under an output layer of two-pixel patches (negation: a
+    # one-pixel patch has no checkerboard), so that an image of 2 pixels or more fits
+    "deep-conv-hvgp": {"n_inducing": 4, "hidden_inducing": 4, "image_shape": (1, -1), "filter_sizes": ((1, 1), (1, 2)),
+                       "strides": (1, 1), "hidden_channels": 2, "group": "negation", "predict_samples": 2},
 }
 METHODS = sorted(TINY)
 CLASSIFIERS = sorted(k for k in TINY if "bernoulli" in get_model_class(k).likelihoods)

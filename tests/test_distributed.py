@@ -51,8 +51,12 @@ METHODS = {
     # one-pixel-high images of D pixels: inducing patches by k-means on rank 0, broadcast
     "conv-svgp": dict(n_inducing=4, image_shape=(1, D), filter_size=(1, 1)),
     "conv-hvgp": dict(n_inducing=3, image_shape=(1, D), filter_size=(1, 2)),
+    # the draws of the hidden layer: a row's are keyed by the row and a key from the generator the ranks share
+    "deep-conv-hvgp": dict(n_inducing=3, hidden_inducing=3, image_shape=(1, D), filter_sizes=((1, 1), (1, 2)),
+                           strides=(1, 1), hidden_channels=2, group="negation", predict_samples=2),
 }
-HYPHENATED = ("vff-svgp", "grief-i", "conv-svgp", "conv-hvgp")  # registry keys, not a key and a variant
+# registry keys, not a key and a variant
+HYPHENATED = ("vff-svgp", "grief-i", "conv-svgp", "conv-hvgp", "deep-conv-hvgp")
 
 
 def data():

@@ -22,7 +22,7 @@ from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
 from .models import available_methods, get_model_class
-from .models.base import GPModel, option_default, option_names
+from .models.base import GPModel, mixture_moments, option_default, option_names
 from .options import check_options
 from .scaling import SCALINGS, fit_scaling
 from .train import TrainingError, fit
@@ -301,6 +301,12 @@ class _GPEstimator(BaseEstimator):
         X = self._inputs(X)  # first: it checks that the model is fitted
         return self.model_.predict(X)
 
+    def _latent_mixture(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latent predictive at X as an equal-weight mixture: means and variances [S, n*] (or [S, n*, C]); S = 1
+        except for a model with a sampled predictive (:meth:`~gpscale.models.base.GPModel.predict_mixture`)."""
+        X = self._inputs(X)
+        return self.model_.predict_mixture(X)
+
     # --- persistence -------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, metadata: dict | None = None) -> None:
         """Write the fitted model to one file (atomically); :meth:`load` reads it back.
@@ -402,10 +408,10 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     method : str, default="auto"
         A method key (``gpscale.available_methods()``: ``"exact"``, ``"sgpr"``, ``"svgp"``, ``"softki"``,
         ``"grief"``, ``"grief-i"``, ``"dbk"``, ``"svdbk"``, ``"hvgp"``, ``"vff"``, ``"vff-svgp"``, ``"odvgp"``,
-        ``"odvff"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``), or ``"auto"``: the exact GP up to 2,000
-        rows, SGPR (512 inducing points, full batch) while a pass over the data costs at most that of 50,000 rows
-        of 20 features, SVGP beyond
-        (:func:`gpscale.defaults.choose_method`). ``method_`` says what was fitted and ``summary()`` why.
+        ``"odvff"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``, ``"deep-conv-hvgp"``), or ``"auto"``: the
+        exact GP up to 2,000 rows, SGPR (512 inducing points, full batch) while a pass over the data costs at most
+        that of 50,000 rows of 20 features, SVGP beyond (:func:`gpscale.defaults.choose_method`). ``method_`` says
+        what was fitted and ``summary()`` why.
     n_inducing : int or None, default=None
         Inducing points (or basis functions) for methods that have them, capped at n. None: the method's default.
     epochs : int or None, default=None
@@ -528,8 +534,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         if return_cov:
             mean, cov = self._joint(X, latent)
             return mean * self.y_std_ + self.y_mean_, cov * self.y_std_**2
-        mean_f, var_f = self._latent(X)
-        mean, var = (mean_f, var_f) if latent else self.model_.likelihood.predictive(mean_f, var_f)
+        if latent:
+            mean, var = self._latent(X)
+        else:  # the moments of the mixture of the components' predictives of y
+            means_f, variances_f = self._latent_mixture(X)  # first: it checks that the model is fitted
+            mean, var = mixture_moments(*self.model_.likelihood.predictive(means_f, variances_f))
         mean = mean.double().cpu().numpy() * self.y_std_ + self.y_mean_
         if not return_std:
             return mean
@@ -582,8 +591,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     ----------
     method : str, default="auto"
         A method whose objective takes a non-Gaussian likelihood: ``"svgp"``, ``"hvgp"``, ``"odvgp"``,
-        ``"odvff"``, ``"vff-svgp"``, ``"svdbk"``, and for images ``"conv-svgp"``, ``"conv-hvgp"`` (with
-        ``image_shape``); the others say so. ``"auto"``: ``"svgp"``.
+        ``"odvff"``, ``"vff-svgp"``, ``"svdbk"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``,
+        ``"deep-conv-hvgp"`` (with ``image_shape``); the others say so. ``"auto"``: ``"svgp"``.
     likelihood : {None, "bernoulli", "robustmax", "softmax"}, default=None
         None: "bernoulli" for two classes, "robustmax" for more.
     n_inducing, epochs, max_steps, batch_size, lr, kernel, x_scaling, val_fraction, patience, val_every, seed, dtype,
@@ -644,8 +653,10 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     @torch.no_grad()
     def predict_proba(self, X):
         """Predictive class probabilities (n*, C), columns in the order of ``classes_``."""
-        mean_f, var_f = self._latent(X)
-        p = self.model_.likelihood.probability(mean_f, var_f).double().cpu().numpy()
+        means_f, variances_f = self._latent_mixture(X)  # the mean of the components' probabilities
+        S = means_f.shape[0]  # the likelihood takes rows [S n*(, C)]
+        p = self.model_.likelihood.probability(means_f.flatten(0, 1), variances_f.flatten(0, 1))
+        p = p.reshape(S, -1, *p.shape[1:]).mean(0).double().cpu().numpy()
         return np.stack([1 - p, p], axis=1) if p.ndim == 1 else p
 
     def predict(self, X):
@@ -808,17 +819,20 @@ def _jsonable(params: dict) -> dict:
     """The options as JSON values: lists of scalars stay lists, tuples of scalars (e.g. ``init_stretch``) become
     ``{"tuple": [...]}`` so that they come back as tuples, a kernel object its constructor spec
     (:func:`gpscale.kernels.kernel_spec`)."""
-    def scalar_sequence(v):
-        return isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) for x in v)
+    def scalar_sequence(v):  # nested: a deep model's filter sizes are a sequence of (height, width) pairs
+        return isinstance(v, (list, tuple)) and all(isinstance(x, _SCALARS) or scalar_sequence(x) for x in v)
+
+    def encode(v):
+        if isinstance(v, tuple):
+            return {"tuple": [encode(x) for x in v]}
+        return [encode(x) for x in v] if isinstance(v, list) else v
 
     out = {}
     for name, value in params.items():
         if isinstance(value, Kernel):
             out[name] = {"kernel_spec": kernel_spec(value)}
-        elif isinstance(value, tuple) and scalar_sequence(value):
-            out[name] = {"tuple": list(value)}
         elif isinstance(value, _SCALARS) or scalar_sequence(value):
-            out[name] = value
+            out[name] = encode(value)
         elif isinstance(value, os.PathLike):  # a checkpoint's path
             out[name] = os.fspath(value)
         else:
@@ -835,7 +849,7 @@ def _unjsonable(params: dict) -> dict:
         if isinstance(value, dict) and "kernel_spec" in value:
             return kernel_from_spec(value["kernel_spec"])
         if isinstance(value, dict) and set(value) == {"tuple"}:
-            return tuple(value["tuple"])
-        return value
+            return tuple(restore(v) for v in value["tuple"])
+        return [restore(v) for v in value] if isinstance(value, list) else value
 
     return {name: restore(value) for name, value in params.items()}

@@ -609,9 +609,12 @@ def _gather_batch(X: Tensor, y: Tensor, rows: Tensor, shard: Shard, comm: Comm) 
 def _validation_nlpd(model, X, y, X_val, y_val, comm=LOCAL) -> float:
     """The mean validation NLPD over every process's held-out rows (the same number on every rank)."""
     model.fit_posterior(X, y, comm)
-    mean, var = model.predict(X_val)
-    log_density = model.likelihood.log_predictive_density(y_val, mean, var)
-    total = comm.all_reduce_sum(torch.stack([-log_density.sum(), torch.tensor(float(len(y_val))).to(mean)]))
+    means, variances = model.predict_mixture(X_val)  # [S, n]: the density is the mixture's, the mean of S
+    S = means.shape[0]
+    log_densities = model.likelihood.log_predictive_density(y_val.repeat(S), means.flatten(0, 1),
+                                                            variances.flatten(0, 1)).reshape(S, -1)
+    log_density = torch.logsumexp(log_densities, 0) - math.log(S)
+    total = comm.all_reduce_sum(torch.stack([-log_density.sum(), torch.tensor(float(len(y_val))).to(means)]))
     model.clear_cache()
     return (total[0] / total[1]).item()
 

@@ -309,7 +309,11 @@ JOINT_OPTIONS = {"exact": {}, "sgpr": {"n_inducing": 10}, "svgp": {"n_inducing":
                  "vff-svgp": {"n_frequencies": 6}, "odvgp": {"n_inducing": 8, "n_mean_inducing": 16},
                  "odvff": {"n_frequencies": 4, "n_mean_inducing": 16},
                  "conv-svgp": {"n_inducing": 8, "image_shape": (1, 2), "filter_size": (1, 1)},
-                 "conv-hvgp": {"n_inducing": 4, "image_shape": (1, 2), "filter_size": (1, 2)}}
+                 "conv-hvgp": {"n_inducing": 4, "image_shape": (1, 2), "filter_size": (1, 2)},
+                 # one layer: with hidden layers the latent predictive is a mixture over draws of them, which has no
+                 # joint Gaussian covariance (predict_cov refuses it, tests/models/test_deep_conv.py)
+                 "deep-conv-hvgp": {"n_layers": 1, "filter_sizes": ((1, 2),), "strides": (1,), "n_inducing": 4,
+                                    "image_shape": (1, 2)}}
 
 
 @pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged")  # a chain of 60 steps, on purpose

@@ -18,7 +18,7 @@ from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_
 from ..likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods", "option_names",
-           "option_default", "NotFittedPosteriorError"]
+           "option_default", "NotFittedPosteriorError", "mixture_moments"]
 
 _REGISTRY: dict[str, type["GPModel"]] = {}
 
@@ -65,6 +65,13 @@ def option_default(cls: type["GPModel"], name: str):
         if name in parameters:
             return parameters[name].default
     raise KeyError(f"{cls.__name__} has no constructor option {name!r}.")
+
+
+def mixture_moments(means: Tensor, variances: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and variance of an equal-weight mixture of distributions with these moments [S, ...] -> [...]:
+    ``E[mean]`` and ``E[var] + Var[mean]`` (exactly the moments given when S = 1)."""
+    mean = means.mean(0)
+    return mean, variances.mean(0) + ((means - mean) ** 2).mean(0)
 
 
 class NotFittedPosteriorError(RuntimeError):
@@ -241,6 +248,15 @@ class GPModel(nn.Module):
             )
         parts = [self.predict_chunk(Xc) for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
+
+    @torch.no_grad()
+    def predict_mixture(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """The latent predictive at X [n*, d] as an equal-weight mixture of S Gaussians: means and variances
+        [S, n*] (or [S, n*, C]), over which the estimators average the likelihood's predictive. Default: S = 1,
+        :meth:`predict`'s moments (a model whose predictive is a mixture, such as a deep GP's over draws of its
+        hidden layers, overrides this)."""
+        mean, var = self.predict(X)
+        return mean.unsqueeze(0), var.unsqueeze(0)
 
     @torch.no_grad()
     def predict_cov(self, X: Tensor) -> tuple[Tensor, Tensor]:

@@ -11,8 +11,8 @@ Processes via Harmonic Kernel Decomposition", ICML 2021): the paper's 2xM (``gro
 (``group='checkerboard'``) models, whose Kuu is block diagonal, T blocks of M x M.
 
 Rows of X are images flattened row-major over [height, width, channels] (channels last); ``image_shape`` says how
-to fold them back. These are the single-layer models of that paper's CIFAR-10 table (its "384x0, 1K" rows): the
-deep model and its identity-filter mean function are not built here.
+to fold them back. These are the single-layer models of that paper's CIFAR-10 table (its "384x0, 1K" rows); the
+deep model, with its identity-filter mean function, is :mod:`gpscale.models.deep_conv`.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ._variational import VariationalGP
 from .base import register
 from .conv import ConvolutionalFeatures
 
-__all__ = ["ConvSVGP", "ConvHVGP", "CONV_GROUPS", "conv_geometry", "patch_median_distance"]
+__all__ = ["ConvSVGP", "ConvHVGP", "CONV_GROUPS", "conv_geometry", "patch_group", "patch_median_distance"]
 
 CONV_GROUPS = ("negation", "checkerboard")
 # the patch kernel's initial variance: the HKD paper's (its CIFAR-10 models start lengthscale and variance at 5). An
@@ -177,6 +177,17 @@ class _ConvolutionalGP(VariationalGP):
         self.start_at_prior()
 
 
+def patch_group(group: str, geometry: PatchGeometry, key: str, option: str = "filter_size") -> GroupAction:
+    """The group of patch negations called ``group`` (:data:`CONV_GROUPS`) on the patches of ``geometry``; a
+    checkerboard needs a patch of 2 pixels or more (``option`` names the option that sets the patch)."""
+    if group == "negation":
+        return patch_negation()
+    if geometry.filter[0] * geometry.filter[1] < 2:
+        raise ValueError(f"{key}: group='checkerboard' splits a patch's pixels in two, but the patch is "
+                         f"{geometry.filter}: pass a larger {option} or group='negation'.")
+    return checkerboard_negation(geometry.filter, geometry.channels)
+
+
 def _conv_kernel(kernel: str | Kernel, geometry: PatchGeometry, location_weights: bool, tick: bool, key: str,
                  **patch_options) -> ConvKernel:
     """The convolutional kernel of the options: a ConvKernel given is checked against them and kept; otherwise the
@@ -240,13 +251,7 @@ class ConvHVGP(_ConvolutionalGP):
         super().__init__(n_features, n_inducing=n_inducing, **kwargs)
 
     def _action(self) -> GroupAction:
-        geometry = self.geometry
-        if self.group == "negation":
-            return patch_negation()
-        if geometry.filter[0] * geometry.filter[1] < 2:
-            raise ValueError(f"{self.key}: group='checkerboard' splits a patch's pixels in two, but the patch is "
-                             f"{geometry.filter}: pass a larger filter_size or group='negation'.")
-        return checkerboard_negation(geometry.filter, geometry.channels)
+        return patch_group(self.group, self.geometry, self.key)
 
     def _shared(self) -> dict:
         return {"shared": self.shared_inducing}

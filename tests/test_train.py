@@ -297,13 +297,28 @@ def test_a_fit_far_worse_than_ignoring_the_inputs_is_an_error_not_a_model():
     X, y = toy_regression(n=200)
     given = dict(n_inducing=10, outputscale=1e12, noise=1e-9, learn_noise=False)  # float32 never leaves ~1e14/point
     degenerate = "nats per point at best, against .* for a model that ignores the inputs"
-    with pytest.raises(TrainingError, match=degenerate):  # trained to convergence: nothing more would help
-        fit(SVGP(2, **given).float(), X.float(), y.float(), max_steps=12, batch_size=50, progress=False)
-    with pytest.warns(RuntimeWarning, match=degenerate + ".*Train for more epochs"):  # a budget may be too short
+    with pytest.raises(TrainingError, match=degenerate):  # 1e14 nats a point: no budget explains it
+        fit(SVGP(2, **given).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)
+    with patch("gpscale.train.ABSURD_EXCESS", math.inf), \
+            pytest.warns(RuntimeWarning, match=degenerate + ".*Train for longer"):  # a budget may be too short
         fit(SVGP(2, **given).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         fit(SVGP(2, n_inducing=10).float(), X.float(), y.float(), max_steps=12, batch_size=50, progress=False)
+
+
+def test_a_degenerate_fit_is_an_error_when_training_converged_there_and_a_warning_when_a_budget_ended_it():
+    from gpscale.train import FitResult, _check_not_degenerate
+    from gpscale.distributed import LOCAL
+    model, y = SVGP(2, n_inducing=4), torch.tensor([1.0, -1.0])  # null loss 1/2 log(2 pi) + 1/2 = 1.42
+    result = FitResult(history=[{"loss": 600.0}, {"loss": 500.0}])
+    with pytest.raises(TrainingError, match="500 nats per point at best, against 1.419"):
+        _check_not_degenerate(result, model, y, LOCAL, converged=True)
+    with pytest.warns(RuntimeWarning, match="Train for longer"):
+        _check_not_degenerate(result, model, y, LOCAL, converged=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check_not_degenerate(FitResult(history=[{"loss": 101.0}]), model, y, LOCAL, converged=True)  # within 100
 
 
 @pytest.mark.parametrize("likelihood, y, expected", [

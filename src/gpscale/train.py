@@ -205,7 +205,7 @@ def fit(
             _perturb(model, generator, scale=0.1 * (attempt + 1))
             result, state = FitResult(settings=settings, restarts=attempt + 1), None
     _check_improved(result)
-    _check_not_degenerate(result, model, y_fit, comm, converged=settings.epochs is None)
+    _check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
     model.fit_posterior(X, y, comm)
     result.seconds = time.perf_counter() - start
     return result
@@ -229,13 +229,18 @@ def _check_improved(result: FitResult) -> None:
 # convergence is never worse than that model by more than its KL term (a few nats at most); SVGP in float32 from a
 # given outputscale of 1e12 and noise of 1e-9 stayed at 3e14 nats per point and returned silently without this rule
 DEGENERATE_EXCESS = 100.0
+# beyond this excess no budget explains the fit (its predictive density e^-1e6 below the null model's): an error
+# even when a budget ended training
+ABSURD_EXCESS = 1e6
 
 
 def _check_not_degenerate(result: FitResult, model: GPModel, y: Tensor, comm: Comm, converged: bool) -> None:
     """When even the best objective (per data point) of the run exceeds, by more than ``DEGENERATE_EXCESS`` nats, the
-    loss of the best model that ignores the inputs: raise :class:`TrainingError` after training to convergence (the
-    hyperparameters given or reached are absurd, and so would the predictions be); warn after a fixed number of
-    epochs, which may simply have been too few (unscaled targets far from 0 with ``normalize_y=False``, say)."""
+    loss of the best model that ignores the inputs: raise :class:`TrainingError` when training converged there (the
+    plateau rule or L-BFGS's own test ended it: the hyperparameters given or reached are absurd, and so would the
+    predictions be) or when the excess is beyond ``ABSURD_EXCESS``; warn when a budget ended it (a fixed number of
+    epochs, or the cap of steps), which may simply have been too short (unscaled targets far from 0 with
+    ``normalize_y=False``, say)."""
     losses = [entry["loss"] for entry in result.history if math.isfinite(entry["loss"])]
     if not losses:
         return
@@ -245,10 +250,11 @@ def _check_not_degenerate(result: FitResult, model: GPModel, y: Tensor, comm: Co
         return
     message = (f"training ended with an objective of {best:.4g} nats per point at best, against {null:.4g} for a "
                "model that ignores the inputs: the fitted model is degenerate.")
-    if converged:
+    if converged or best > null + ABSURD_EXCESS:
         raise TrainingError(f"{message} Check the hyperparameters given (an absurd outputscale, noise or "
                             "lengthscale), scale y, or train in dtype='float64'.")
-    warnings.warn(f"{message} Train for more epochs, or scale y (normalize_y=True).", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{message} Train for longer (more epochs or max_steps), or scale y (normalize_y=True).",
+                  RuntimeWarning, stacklevel=3)
 
 
 class _Plateau:

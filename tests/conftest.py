@@ -34,3 +34,17 @@ def sine_problem(n, seed):
     X = torch.rand(n, 2, generator=g, dtype=torch.float64) * 6 - 3
     f = torch.sin(X[:, 0]) * torch.sin(X[:, 1])
     return X, f, f + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+
+
+CORNERS = [(0, 0), (0, 5), (5, 0)]  # the top-left pixel of each class's 3 x 3 square in an 8 x 8 image
+
+
+def square_images(n, seed=0):
+    """n noisy 8 x 8 images [n, 64] of 3 classes (labels [n]): class c has a bright 3 x 3 square at CORNERS[c]."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % 3
+    X = 0.1 * rng.standard_normal((n, 8, 8))
+    for i, c in enumerate(labels):
+        r, s = CORNERS[c]
+        X[i, r:r + 3, s:s + 3] += 1.0
+    return X.reshape(n, 64), labels

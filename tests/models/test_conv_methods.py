@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import square_images
 import gpscale
 from gpscale import GPClassifier, GPRegressor
 from gpscale.kernels import RBF, kernel_from_spec, kernel_spec
@@ -21,20 +22,6 @@ from gpscale.options import check_options
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 F64 = torch.float64
-CORNERS = [(0, 0), (0, 5), (5, 0)]  # the top-left pixel of each class's 3 x 3 square in an 8 x 8 image
-
-
-def square_images(n, seed=0):
-    """n noisy 8 x 8 images [n, 64] of 3 classes (labels [n]): class c has a bright 3 x 3 square at CORNERS[c]."""
-    rng = np.random.default_rng(seed)
-    labels = np.arange(n) % 3
-    X = 0.1 * rng.standard_normal((n, 8, 8))
-    for i, c in enumerate(labels):
-        r, s = CORNERS[c]
-        X[i, r:r + 3, s:s + 3] += 1.0
-    return X.reshape(n, 64), labels
-
-
 # --- the ELBO is the engine's ----------------------------------------------------------------------------------
 class HandBuilt(VariationalGP):
     """The variational engine on convolutional features built here, not by the registered classes."""

@@ -6,6 +6,7 @@ square lies and saves; bad options are refused with the option and a remedy."""
 import numpy as np
 import pytest
 import torch
+from conftest import square_images
 from torch.nn import functional
 
 import gpscale
@@ -16,19 +17,7 @@ from gpscale.models.deep_conv import matrix_normal_kl, row_noise
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 F64 = torch.float64
-CORNERS = [(0, 0), (0, 5), (5, 0)]  # the top-left pixel of each class's 3 x 3 square in an 8 x 8 image
 DEEP = get_model_class("deep-conv-hvgp")
-
-
-def square_images(n, seed=0):
-    """n noisy 8 x 8 images [n, 64] of 3 classes (labels [n]): class c has a bright 3 x 3 square at CORNERS[c]."""
-    rng = np.random.default_rng(seed)
-    labels = np.arange(n) % 3
-    X = 0.1 * rng.standard_normal((n, 8, 8))
-    for i, c in enumerate(labels):
-        r, s = CORNERS[c]
-        X[i, r:r + 3, s:s + 3] += 1.0
-    return X.reshape(n, 64), labels
 
 
 def lower(*shape, g, diagonal=0.5):

@@ -58,7 +58,7 @@ on_every_device = pytest.mark.parametrize("device", DEVICES)
 
 
 def regressor(method: str, device: str = "cpu", **options) -> GPRegressor:
-    """float64 unless told (``dtype="auto"`` would give svgp and softki float32): the contract's tolerances are
+    """float64 unless told (``dtype="auto"`` would give svgp, softki and hvgp float32): the contract's tolerances are
     float64's, scikit-learn's subset-invariance check among them; the stress matrix runs float32 explicitly."""
     settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, "dtype": "float64", **TINY[method], **options}
     return GPRegressor(method=method, progress=False, device=device, **settings)

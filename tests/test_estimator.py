@@ -195,7 +195,7 @@ def test_a_gpytorch_kernel_saves_by_its_registered_constructor_or_is_refused_wit
         gpscale.load(tmp_path / "m.gps")
 
 
-@pytest.mark.parametrize("x_scaling", ["standard", "minmax", "none"])
+@pytest.mark.parametrize("x_scaling", ["standard", "minmax", "center", "none"])
 def test_x_scaling_maps_the_training_rows_as_documented_and_predicts_in_original_units(x_scaling):
     X, y = data(60)
     X = X * [3.0, 0.5, 1.0] + [10.0, -4.0, 0.0]
@@ -207,13 +207,15 @@ def test_x_scaling_maps_the_training_rows_as_documented_and_predicts_in_original
     elif x_scaling == "minmax":
         np.testing.assert_allclose(scaled.min(0), -1, atol=1e-12)
         np.testing.assert_allclose(scaled.max(0), 1, atol=1e-12)
+    elif x_scaling == "center":
+        np.testing.assert_allclose(scaled, X - X.mean(0), atol=1e-12)
     else:
         np.testing.assert_array_equal(scaled, X)
     # the model was trained on exactly these rows: its posterior at them is what predict gives
     with torch.no_grad():
         mean_f, _ = reg.model_.predict(torch.tensor(scaled))
     np.testing.assert_allclose(reg.predict(X, latent=True), mean_f.numpy() * reg.y_std_ + reg.y_mean_, rtol=1e-10)
-    with pytest.raises(ValueError, match="x_scaling must be one of 'standard', 'minmax', 'none', got 'unit'"):
+    with pytest.raises(ValueError, match="x_scaling must be one of 'standard', 'minmax', 'center', 'none', got 'unit'"):
         GPRegressor(method="exact", x_scaling="unit", progress=False).fit(X, y)
 
 

@@ -35,10 +35,19 @@ def test_scales_other_than_one_are_divided_out():
     np.testing.assert_allclose(m.undo(m.apply(A)), A)
 
 
+def test_center_scaling_subtracts_the_column_means_and_keeps_the_units():
+    A = np.array([[0.0, 10.0], [4.0, 30.0], [8.0, 20.0]])
+    c = fit_scaling(A, "center")
+    np.testing.assert_array_equal(c.shift, [4.0, 20.0])
+    np.testing.assert_array_equal(c.scale, [1.0, 1.0])
+    np.testing.assert_array_equal(c.apply(A), A - [4.0, 20.0])
+    np.testing.assert_array_equal(c.undo(c.apply(A)), A)
+
+
 def test_targets_and_no_scaling():
     y = fit_scaling([1.0, 2.0, 3.0, 6.0], "standard")
     assert y.shift == pytest.approx(3.0) and y.scale == pytest.approx(np.sqrt(3.5))
     none = fit_scaling([[4.0, -2.0]], "none")
     np.testing.assert_array_equal(none.apply([[4.0, -2.0]]), [[4.0, -2.0]])
-    with pytest.raises(ValueError, match="A scaling must be one of 'standard', 'minmax', 'none', got 'unit'"):
+    with pytest.raises(ValueError, match="A scaling must be one of 'standard', 'minmax', 'center', 'none', got 'unit'"):
         fit_scaling([[1.0]], "unit")

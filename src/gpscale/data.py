@@ -228,7 +228,8 @@ def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_f
             for a file with fixed splits (UCI folds, uci_pbp, rMD17), for papers that draw their own splits;
             ``split`` is then any int >= 0.
         x_scaling: ``'standard'`` (z-score each input column; the default), ``'minmax'`` (map each column
-            affinely so that the training inputs span [-1, 1]) or ``'none'``; the default for geo and image sets,
+            affinely so that the training inputs span [-1, 1]), ``'center'`` (subtract each column's mean: the HKD
+            paper's images) or ``'none'``; the default for geo and image sets,
             whose inputs are on a natural scale (unit vectors, pixel intensities), is ``'none'``. Targets are
             z-scored unless ``standardize_y=False``.
         image_transform: for image sets, move every image (train and test) by a random group element, seeded:

@@ -436,9 +436,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         Initial noise variance of standardised y (fixed if ``learn_noise=False``). None: the method's default.
     learn_noise : bool or None, default=None
         None: the method's default (learned, except for SoftKI, whose intervals are calibrated after training).
-    x_scaling : {"standard", "minmax", "none"}, default="standard"
+    x_scaling : {"standard", "minmax", "center", "none"}, default="standard"
         How X is scaled before the method sees it, with the training rows' statistics (:mod:`gpscale.scaling`):
-        z-scores, the training rows mapped onto [-1, 1] (the DBK and ODVFF papers' protocols), or as given.
+        z-scores, the training rows mapped onto [-1, 1] (the DBK and ODVFF papers' protocols), the column means
+        subtracted (images for the convolutional methods: pixels keep their common scale, which z-scores would
+        break where a border pixel barely varies), or as given.
         ``x_mean_`` and ``x_std_`` hold the shift and scale of each column.
     normalize_y : bool, default=True
         Standardise y with its training mean and standard deviation (the methods' default hyperparameters assume

@@ -8,9 +8,11 @@ signal and noise variances) suit any data set and test rows are mapped exactly a
 - ``'standard'``: shift the column mean, scale the (population) standard deviation: z-scores;
 - ``'minmax'``: shift the midrange, scale the half-range, so the training rows span [-1, 1] (the protocols of papers
   that scale inputs so: DBK and ODVFF);
+- ``'center'``: shift the column mean, scale 1 (inputs on a natural scale whose origin matters: images, whose
+  pixels the HKD paper centres so that negating a patch is a symmetry about the average patch);
 - ``'none'``: shift 0, scale 1 (inputs already on a natural scale: unit vectors, pixel intensities).
 
-A column without spread keeps scale 1, so it maps to a constant (0 under the first two) rather than NaN.
+A column without spread keeps scale 1, so it maps to a constant (0 under the first three) rather than NaN.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from .distributed import LOCAL, Comm
 
 __all__ = ["SCALINGS", "Scaling", "fit_scaling"]
 
-SCALINGS = ("standard", "minmax", "none")
+SCALINGS = ("standard", "minmax", "center", "none")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ def fit_scaling(A, how: str = "standard", comm: Comm = LOCAL) -> Scaling:
         n = _global_sum(np.asarray(float(A.shape[0])), comm)
         shift = _global_sum(A.sum(axis=0), comm) / n
         spread = np.sqrt(_global_sum(((A - shift) ** 2).sum(axis=0), comm) / n)
-    return Scaling(how, shift, np.where(spread > 0, spread, 1.0), spread == 0)
+    scale = np.ones_like(spread) if how == "center" else np.where(spread > 0, spread, 1.0)
+    return Scaling(how, shift, scale, spread == 0)
 
 
 def _global_sum(a: np.ndarray, comm: Comm) -> np.ndarray:

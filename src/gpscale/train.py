@@ -70,6 +70,12 @@ class FitResult:
     def seconds_per_epoch(self) -> float:
         return sum(h["seconds"] for h in self.history) / max(1, len(self.history))
 
+    @property
+    def seconds_per_step(self) -> float | None:
+        """The epochs' seconds over their optimiser steps (what papers call seconds per iteration); None before a
+        step."""
+        return sum(h["seconds"] for h in self.history) / self.steps if self.steps else None
+
 
 Schedule = str | Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler] | None
 

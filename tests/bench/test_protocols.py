@@ -2,6 +2,7 @@
 numbers that refer to the protocol's own methods and datasets, and (with a data folder) datasets that load.
 Fast: nothing is trained."""
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -70,6 +71,7 @@ def test_model_options_are_accepted(name):
             if "n_inducing" in options:
                 options["n_inducing"] = min(options["n_inducing"], 8)  # construction only; keep it small
             d = 784 if options.get("group") in ("image_roll", "image_flip", "pixel_negation") else 3  # 28 x 28 images
+            d = math.prod(options["image_shape"]) if "image_shape" in options else d  # the conv methods' images
             model = get_model_class(spec.key)(d, **options)
             assert model.n_features == d
 
@@ -81,7 +83,7 @@ LIBRARY_DEFAULTS = ("defaults", "method-defaults", "scale")
 @pytest.mark.parametrize("name", [name for name in ALL if name not in LIBRARY_DEFAULTS])
 def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move_them(name):
     """Every trainable entry fixes its epochs (on every data set), or runs L-BFGS with a fixed cap (whose stopping
-    rule is scipy's, not the library's), SoftKI its calibration and SVGP and HVGP their optimiser of q: the library
+    rule is scipy's, not the library's), SoftKI its calibration and SVGP, HVGP and the convolutional GPs their optimiser of q: the library
     trains to convergence, calibrates SoftKI's noise and takes natural-gradient steps on q by default, the papers
     do none of these."""
     for spec in PROTOCOLS[name].methods:
@@ -93,7 +95,7 @@ def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move
                 (name, spec.name, dataset)
             if spec.key == "softki":
                 assert "calibrate_noise" in options, (name, spec.name)
-            if spec.key in ("svgp", "hvgp"):
+            if spec.key in ("svgp", "hvgp", "conv-svgp", "conv-hvgp", "deep-conv-hvgp"):
                 assert "natural_gradients" in options, (name, spec.name)
 
 

@@ -4,7 +4,7 @@ import torch
 from sklearn.gaussian_process.kernels import RBF as SkRBF
 from sklearn.gaussian_process.kernels import Matern as SkMatern
 
-from gpscale.kernels import RBF, GPyTorchKernel, Matern, inverse_softplus, make_kernel
+from gpscale.kernels import RBF, GPyTorchKernel, Kernel, Matern, inverse_softplus, make_kernel
 
 LS = [0.7, 1.3, 0.4]
 
@@ -83,6 +83,22 @@ def test_the_closed_form_backward_equals_autograd_of_the_formula(points, name):
     if name != "matern12":  # exp(-r) has a kink at r = 0; the others are smooth there, with a finite slope
         X = points[0][:6].clone().requires_grad_()  # rows that coincide with X2's
         torch.autograd.gradcheck(lambda x: k(x, points[0][:4].clone()), (X,))
+
+
+@pytest.mark.parametrize("name", ["rbf", "matern32"])
+def test_batched_self_grams_equal_one_call_per_set_in_value_and_gradient(name):
+    """Stationary.self_grams forms c Gram matrices in one batched call (the conv kernel's diagonal); the base
+    Kernel's loop of one call per set is the reference, in value and in every gradient."""
+    A = torch.randn(4, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    k = with_params(make_kernel(name, 3).double(), LS, 2.5)
+    weights = torch.randn(4, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    wrt = [A, k.raw_lengthscale, k.raw_outputscale]
+    batched = k.self_grams(A)
+    looped = Kernel.self_grams(k, A)
+    torch.testing.assert_close(batched, looped, rtol=1e-12, atol=1e-14)
+    for a, b in zip(torch.autograd.grad((batched * weights).sum(), wrt),
+                    torch.autograd.grad((looped * weights).sum(), wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_hyperparameters_stay_positive_under_any_raw_value():

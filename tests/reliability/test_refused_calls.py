@@ -161,7 +161,7 @@ OPTIONS = [
     Refusal("device='gpu'", _refit(device="gpu"), ValueError, "device='gpu' is not a device name"),
     Refusal("device='tpu'", _refit(device="tpu"), ValueError, "not a device name|gpscale runs on"),
     Refusal("x_scaling='log'", _refit(x_scaling="log"), ValueError,
-            "x_scaling must be one of 'standard', 'minmax', 'none', got 'log'"),
+            "x_scaling must be one of 'standard', 'minmax', 'center', 'none', got 'log'"),
     Refusal("normalize_y='yes'", _refit(normalize_y="yes"), ValueError, "normalize_y must be True or False"),
     Refusal("kernel typo", _refit(kernel="rbff"), ValueError, "Unknown kernel 'rbff'; choose one of rbf, matern12"),
     Refusal("lr=1e3 diverges", _refit(lr=1e3, epochs=50), (TrainingError, NotPSDError), "lr|learning rate"),

@@ -244,7 +244,7 @@ def _run_ours(spec, ds, rows, seed, dtype, device, progress, trained, comm=LOCAL
         return torch.from_numpy(mean), torch.from_numpy(std**2)
 
     result = est.fit_result_
-    fitted = {"fitted_method": est.method_, "steps": result.steps,
+    fitted = {"fitted_method": est.method_, "steps": result.steps, "seconds_per_step": result.seconds_per_step,
               "converged": None if result.converged is None else int(result.converged)}
     return predict, result.seconds_per_epoch, result.epochs_run, reused, fitted
 

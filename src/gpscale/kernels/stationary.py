@@ -53,6 +53,11 @@ class Kernel(nn.Module):
     def diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def self_grams(self, A: Tensor) -> Tensor:
+        """``k(A_i, A_i)`` [c, r, r] for each of c point sets A [c, r, d]: one call per set here; kernels whose
+        forward takes leading batch axes (:class:`Stationary`) form them all in one call."""
+        return torch.stack([self(a, a) for a in A])
+
 
 class Stationary(Kernel):
     """Shared machinery of kernels that depend on the scaled distance ``r`` only.
@@ -102,22 +107,29 @@ class Stationary(Kernel):
         raise NotImplementedError
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
+        """K [..., n1, n2] for X1 [..., n1, d] and X2 [..., n2, d] (leading batch axes alike, or none)."""
         ls = self.lengthscale.to(X1.dtype)
         return _StationaryGram.apply(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype), self)
+
+    def self_grams(self, A: Tensor) -> Tensor:
+        return self(A, A)
 
     def diag(self, X: Tensor) -> Tensor:
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
 
 
 def _sq_dist(A: Tensor, B: Tensor) -> Tensor:
-    """``||a - b||^2`` [n1, n2] for rows of A [n1, d] and B [n2, d]: one n1 x n2 buffer, which addmm fills with
-    |a|^2 - 2 a.b and |b|^2 joins in place; clamped at 0 against round-off."""
-    sq = torch.addmm((A * A).sum(-1, keepdim=True), A, B.transpose(-2, -1), alpha=-2.0)
+    """``||a - b||^2`` [..., n1, n2] for rows of A [..., n1, d] and B [..., n2, d] (no batch axis, or one): one
+    n1 x n2 buffer (per batch entry), which addmm fills with |a|^2 - 2 a.b and |b|^2 joins in place; clamped at 0
+    against round-off."""
+    product = torch.addmm if A.dim() == 2 else torch.baddbmm
+    sq = product((A * A).sum(-1, keepdim=True), A, B.transpose(-2, -1), alpha=-2.0)
     return sq.add_((B * B).sum(-1).unsqueeze(-2)).clamp_min_(0.0)
 
 
 class _StationaryGram(torch.autograd.Function):
-    """``s^2 g(||a - b||^2)`` [n1, n2] for scaled inputs A [n1, d], B [n2, d], with the backward in closed form.
+    """``s^2 g(||a - b||^2)`` [..., n1, n2] for scaled inputs A [..., n1, d], B [..., n2, d], with the backward in
+    closed form.
 
     With ``G = dL/dK * s^2 g'`` (g' the kernel's :meth:`~Stationary.slope`), the Gram expansion gives
     ``dL/dA = 2 (rowsum(G) A - G B)`` and ``dL/dB = 2 (colsum(G) B - G^T A)``, and ``dL/ds^2 = <dL/dK, g>``.
@@ -140,13 +152,13 @@ class _StationaryGram(torch.autograd.Function):
         need_A, need_B, need_scale, _ = ctx.needs_input_grad
         dA = dB = dscale = None
         if need_scale:
-            dscale = torch.tensordot(grad, g, dims=2)
+            dscale = torch.tensordot(grad, g, dims=g.dim())
         if need_A or need_B:
             G = ctx.kernel.slope(g, tuple(state)).mul_(grad).mul_(outputscale)
             if need_A:
-                dA = 2.0 * (G.sum(1, keepdim=True) * A - G @ B)
+                dA = 2.0 * (G.sum(-1, keepdim=True) * A - G @ B)
             if need_B:
-                dB = 2.0 * (G.sum(0).unsqueeze(-1) * B - G.transpose(-2, -1) @ A)
+                dB = 2.0 * (G.sum(-2).unsqueeze(-1) * B - G.transpose(-2, -1) @ A)
         return dA, dB, dscale, None
 
 

@@ -58,6 +58,54 @@ def test_at_corresponding_q_the_elbo_kl_and_predictive_agree(data):
         torch.testing.assert_close(torch.diagonal(cov), unwhitened.predict(Xs)[1], rtol=1e-9, atol=1e-12)
 
 
+def _counting_kernel_calls(model):
+    """Wrap the model's features so that each formation of Kuf and Kff_diag is counted."""
+    calls = {"Kuf": 0, "Kff_diag": 0}
+    for name in calls:
+        original = getattr(model.features, name)
+
+        def counted(X, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(X)
+        setattr(model.features, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("batch", [10, 60])  # the conditional's path on ten rows, the projected one on sixty
+def test_a_steps_loss_takes_the_kernel_matrices_of_its_natural_gradient_step_and_the_same_gradients(data, batch):
+    X, y = data[0][:batch], data[1][:batch]
+    shared, _ = pair(X, y)
+    fresh, _ = pair(X, y)
+    calls = _counting_kernel_calls(shared)
+    shared.natural_gradient_step(X, y, 60)
+    fresh.natural_gradient_step(X, y, 60)
+    fresh._step_kernels = None  # this one forms them again in its loss
+    losses = [model.loss(X, y, 60) for model in (shared, fresh)]
+    assert calls == {"Kuf": 1, "Kff_diag": 1} and shared._step_kernels is None
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-13, atol=0)
+    for model, loss in zip((shared, fresh), losses):
+        loss.backward()
+    for (name, a), (_, b) in zip(shared.named_parameters(), fresh.named_parameters()):
+        if a.grad is not None or b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-14, msg=name)
+
+
+def test_a_kernel_matrix_of_the_natural_gradient_step_is_not_taken_after_a_hyperparameter_moved(data):
+    X, y = data
+    model, _ = pair(X, y)
+    calls = _counting_kernel_calls(model)
+    model.natural_gradient_step(X, y, 60)
+    with torch.no_grad():
+        model.kernel.raw_lengthscale.add_(0.3)
+    loss = model.loss(X, y, 60)
+    assert calls == {"Kuf": 2, "Kff_diag": 2}
+    model._step_kernels = None
+    torch.testing.assert_close(loss, model.loss(X, y, 60), rtol=1e-13, atol=0)
+    model.natural_gradient_step(X, y, 60)
+    model.loss(X.clone(), y, 60)  # another batch tensor (equal values) forms its own
+    assert calls == {"Kuf": 5, "Kff_diag": 5}
+
+
 def test_the_unwhitened_elbo_has_gradients_for_q_and_the_inducing_points(data):
     X, y = data
     _, unwhitened = pair(X, y, natural_gradients=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -31,6 +31,7 @@ COLUMNS: dict[str, str] = {
     "reused_training_of": "TEXT",  # the method whose trained model this run refitted (posterior options only)
     "fitted_method": "TEXT",  # the method that method key 'auto' chose
     "steps": "INTEGER",  # optimiser steps taken (Adam steps or L-BFGS iterations)
+    "seconds_per_step": "REAL",  # the epochs' seconds over their steps (papers' seconds per iteration)
     "converged": "INTEGER",  # training to convergence: 1 if the plateau rule ended it, 0 at the cap; NULL: epochs
     "dtype": "TEXT", "device": "TEXT",
     "processes": "INTEGER",  # data-parallel processes that trained the model (NULL: one)
@@ -40,7 +41,7 @@ COLUMNS: dict[str, str] = {
 }
 # schema version -> the columns added by the next version
 MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",), 3: ("processes",),
-                                          4: ("fitted_method", "steps", "converged")}
+                                          4: ("fitted_method", "steps", "converged"), 5: ("seconds_per_step",)}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 

@@ -79,6 +79,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         self.natgrad_step = float(natgrad_step)
         self.n_latent = getattr(self.likelihood, "n_latent", 1)
         self.blocks: int | None = None
+        self._step_kernels: tuple | None = None  # see batch_kernels
 
     def init_variational(self, m: int, blocks: int | None = None) -> None:
         """q = N(0, I): q_mu [(blocks,) (C,) m] and q_sqrt [(blocks,) (C,) m, m]."""
@@ -139,7 +140,10 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         # a sum over the batch's rows plus a term of the parameters: each process's part is its rows' estimate
-        return -self.elbo(X, y, num_data, *self.q_for_loss()) / num_data
+        try:
+            return -self.elbo(X, y, num_data, *self.q_for_loss()) / num_data
+        finally:  # the step's kernel matrices serve this loss only
+            self._step_kernels = None
 
     def q_for_loss(self) -> tuple[Tensor, Tensor]:
         """(m, S) as the optimiser's loss sees them: detached when natural-gradient steps alone move q, so that
@@ -160,8 +164,24 @@ class VariationalGP(UnwhitenedQ, GPModel):
     def conditional(self, X: Tensor, Lu: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and variance [c] (or [c, C]) of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)
         (blocks summed)."""
-        A = solve_lower(Lu.to(X.dtype), self.features.Kuf(X))  # L^{-1} Kuf, [(T,) m, c]
-        return self.marginals(X, *self.whitened_moments(A, q_mu, q_sqrt))
+        Kuf, Kff_diag = self.batch_kernels(X)
+        A = solve_lower(Lu.to(X.dtype), Kuf)  # L^{-1} Kuf, [(T,) m, c]
+        return self.marginals(Kff_diag, *self.whitened_moments(A, q_mu, q_sqrt))
+
+    def batch_kernels(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        """``Kuf(X)`` [(T,) m, c] and ``Kff_diag(X)`` [c]. In a training step the natural-gradient step forms them
+        first, with their graph, and the loss of the same step takes them from it instead of forming them again:
+        only q moved in between, and neither depends on q. They are taken only for the very batch tensor X, unchanged,
+        with every other parameter unchanged since (their version counters say so); else formed here."""
+        step, self._step_kernels = self._step_kernels, None
+        if step is not None and step[0] is X and step[1] == self._kernel_versions(X) and torch.is_grad_enabled():
+            return step[2], step[3]
+        return self.features.Kuf(X), self.features.Kff_diag(X)
+
+    def _kernel_versions(self, X: Tensor) -> tuple[int, ...]:
+        """The in-place version counters of X and of every parameter but q's: what Kuf(X) and Kff_diag(X) read."""
+        q = {id(self.q_mu), id(self.q_sqrt_raw)}
+        return (X._version, *(p._version for p in self.parameters() if id(p) not in q))
 
     def whitened_moments(self, A: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(a^T m, |S^T a|^2, |a|^2)`` [(C,) c], each summed over the blocks, for A = L^{-1} Kuf [(T,) m, c]."""
@@ -172,10 +192,10 @@ class VariationalGP(UnwhitenedQ, GPModel):
         moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2))
         return moments if self.blocks is None else tuple(t.sum(0) for t in moments)
 
-    def marginals(self, X: Tensor, mean: Tensor, variance: Tensor, nystrom: Tensor) -> tuple[Tensor, Tensor]:
-        """q(f(X)) [c] (or [c, C]) from :meth:`whitened_moments`."""
+    def marginals(self, Kff_diag: Tensor, mean: Tensor, variance: Tensor, nystrom: Tensor) -> tuple[Tensor, Tensor]:
+        """q(f(X)) [c] (or [c, C]) from the prior variances ``Kff_diag`` [c] at X and :meth:`whitened_moments`."""
         # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
-        variance = (self.features.Kff_diag(X) - nystrom).clamp_min(0.0) + variance
+        variance = (Kff_diag - nystrom).clamp_min(0.0) + variance
         return (mean, variance) if self.n_latent == 1 else (mean.T, variance.T)
 
     def projects(self, X: Tensor) -> bool:
@@ -187,7 +207,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         """The moments of :meth:`conditional` by :func:`~gpscale.models._gaussian_q.projected_moments`, which does
         the m x m algebra once per batch; for the float64 training objective only (prediction keeps
         :meth:`conditional`)."""
-        return projected_moments(self.features.Kuf(X), self.features.Kff_diag(X), Lu, q_mu, q_sqrt)
+        return projected_moments(*self.batch_kernels(X), Lu, q_mu, q_sqrt)
 
     # --- natural gradients --------------------------------------------------------------------------------
     def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
@@ -221,12 +241,15 @@ class VariationalGP(UnwhitenedQ, GPModel):
                 Lu = torch.cat([part.to(X.device) for part in Lu])
             m, L = self.q_mu.detach().to(CORE), self.q_sqrt.detach().to(CORE)
         if X.shape[0]:
+            # formed with their graph (when training) for the loss of this step to take (see batch_kernels)
+            Kuf, Kff_diag = self.features.Kuf(X), self.features.Kff_diag(X)
+            self._step_kernels = (X, self._kernel_versions(X), Kuf, Kff_diag)
             with torch.no_grad():
-                A = solve_lower(Lu, self.features.Kuf(X).to(CORE))  # [(T,) m, b]
+                A = solve_lower(Lu, Kuf.detach().to(CORE))  # [(T,) m, b]
                 mean, variance, nystrom = self.whitened_moments(A, m, L)
             mean.requires_grad_(True)
             variance.requires_grad_(True)
-            f_mean, f_var = self.marginals(X, mean, variance, nystrom)
+            f_mean, f_var = self.marginals(Kff_diag.detach(), mean, variance, nystrom)
             expected = self.likelihood.expected_log_prob(y.to(CORE), f_mean, f_var).sum()
             g_mean, g_var = torch.autograd.grad((num_data / X.shape[0]) * expected, [mean, variance])
             if self.n_latent > 1:

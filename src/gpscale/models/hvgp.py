@@ -213,7 +213,7 @@ class HVGP(VariationalGP):
             A = solve_lower(L.to(device=device, dtype=X.dtype), self.features.Kuf(X.to(device), blocks))
             group = self.whitened_moments(A, q_mu[blocks].to(device), q_sqrt[blocks].to(device))
             moments.append([t.to(X.device) for t in group])
-        return self.marginals(X, *(sum(parts) for parts in zip(*moments)))
+        return self.marginals(self.features.Kff_diag(X), *(sum(parts) for parts in zip(*moments)))
 
     def projects(self, X: Tensor) -> bool:
         return self.devices is None and super().projects(X)

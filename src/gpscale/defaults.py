@@ -109,8 +109,9 @@ TRAINING: dict[str, TrainingDefaults] = {
     "odvff": TrainingDefaults("adam", lr=0.01, max_steps=500),  # 1.1 s a step (F = 16 per input, M_g = 300)
     # Convolutional GPs: batches of 64 images, the HKD paper's (Sun et al., ICML 2021), since every image brings
     # its P patches to each kernel evaluation (P = 576 for 5 x 5 patches of 28 x 28 images: a batch of 64 images
-    # costs what 37,000 rows cost svgp). q moves by natural-gradient steps; Adam moves the inducing patches (in the
-    # pixel units of standardised images), their TICK positions and the kernel at lr 0.01, between svgp's 0.1 for
+    # costs what 37,000 rows cost svgp). q moves by natural-gradient steps (by Adam under the robust-max likelihood,
+    # the multiclass default: see gpscale.likelihoods.RobustMax); Adam moves the inducing patches (in the pixel
+    # units of standardised images), their TICK positions and the kernel at lr 0.01, between svgp's 0.1 for
     # a kernel alone and the paper's 0.003 for everything, q included, over 270,000 GPU steps. The caps keep a
     # default fit near 10 minutes on a 2-core CPU; the seconds are one step on 28 x 28 images, 5 x 5 patches, TICK,
     # 10 robust-max classes, one thread.

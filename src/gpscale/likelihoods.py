@@ -31,6 +31,7 @@ class Gaussian(nn.Module):
     """
 
     n_latent = 1  # latent functions per input: f is [n]
+    natural_steps = True  # a variational q's default optimiser: natural-gradient steps (VariationalGP)
 
     def __init__(self, noise: float = SOFTPLUS_ZERO, learn_noise: bool = True, noise_floor: float = 1e-6):
         super().__init__()
@@ -92,6 +93,7 @@ class Bernoulli(nn.Module):
 
     noise = None  # no observation noise to learn
     n_latent = 1  # latent functions per input: f is [n]
+    natural_steps = True  # a variational q's default optimiser: natural-gradient steps (VariationalGP)
 
     def __init__(self, quadrature_points: int = 20):
         super().__init__()
@@ -155,6 +157,7 @@ class _MultiClass(nn.Module):
     factorised Gaussian q(f) = N(mean, diag var), mean and var [b, C]. Validates both at every public call."""
 
     noise = None  # no observation noise to learn
+    natural_steps = True  # a variational q's default optimiser: natural-gradient steps (VariationalGP)
 
     def __init__(self, n_classes: int):
         super().__init__()
@@ -217,6 +220,13 @@ class RobustMax(_MultiClass):
         epsilon: eps in (0, 1), fixed (a buffer, not trained; default 1e-3 as in the paper).
         quadrature_points: Gauss-Hermite points q (default 20, GPflow's).
     """
+
+    # The variational methods' default for q (natural_gradients=None) is Adam under this likelihood: measured on
+    # 3,200 Fashion-MNIST images (one epoch of batch 64, 1,000 test images), natural-gradient steps of 0.1 took
+    # svgp to accuracy 0.31 and NLL 5.7 where Adam on q reached 0.77 and 0.92 (softmax with natural-gradient
+    # steps: 0.79 and 0.65). A step's local quadratic model of log(1 - eps) P_y + log(eps / (C - 1)) (1 - P_y),
+    # bounded and nearly a step in the means, overshoots it.
+    natural_steps = False
 
     def __init__(self, n_classes: int, epsilon: float = 1e-3, quadrature_points: int = 20):
         super().__init__(n_classes)

@@ -121,7 +121,7 @@ def test_natural_gradient_steps_raise_the_elbo_of_blocks_and_latent_functions(da
     X, y = data
     if options:
         y = torch.bucketize(y, torch.quantile(y, torch.tensor([1 / 3, 2 / 3], dtype=y.dtype))).to(y.dtype)
-    model = HVGP(2, n_inducing=6, n_ways=1, natgrad_step=0.5, **options).double()
+    model = HVGP(2, n_inducing=6, n_ways=1, natgrad_step=0.5, natural_gradients=True, **options).double()
     model.initialise(X, y)
     assert model.blocks == 2 and (model.n_latent == 3) == bool(options)
     before = model.elbo(X, y, num_data=len(X))

@@ -198,3 +198,11 @@ def test_a_method_on_the_engine_takes_the_engines_options_and_the_models():
         option_names(SVGP)
     assert option_default(SVGP, "whiten") is True and option_default(ODVGP, "n_mean_inducing") == 300
     assert option_default(ODVGP, "whiten") is False  # the decoupled mean basis needs an unwhitened q
+
+
+def test_q_moves_by_natural_gradient_steps_by_default_but_under_the_robust_max_likelihood():
+    assert SVGP(2, n_inducing=4).natural_gradients
+    assert SVGP(2, n_inducing=4, likelihood="softmax", n_classes=3).natural_gradients
+    assert not SVGP(2, n_inducing=4, likelihood="robustmax", n_classes=3).natural_gradients
+    assert SVGP(2, n_inducing=4, likelihood="robustmax", n_classes=3, natural_gradients=True).natural_gradients
+    assert not SVGP(2, n_inducing=4, natural_gradients=False).natural_gradients

@@ -57,9 +57,11 @@ class VariationalGP(UnwhitenedQ, GPModel):
             :meth:`start_at_prior`.
         jitter: added to the diagonal of Kuu (absolute).
         natural_gradients: move q by natural-gradient steps (:meth:`natural_gradient_step`) before every Adam
-            step, and leave it out of Adam (default True). A natural-gradient step follows q's own geometry: with a
-            Gaussian likelihood, one step of size 1 on the full batch lands on the optimal q. Adam on the entries
-            of m and S (``False``, as the papers' baselines and GPyTorch's examples) needs thousands of steps.
+            step, and leave it out of Adam. A natural-gradient step follows q's own geometry: with a Gaussian
+            likelihood, one step of size 1 on the full batch lands on the optimal q. Adam on the entries of m and S
+            (``False``, as the papers' baselines and GPyTorch's examples) needs thousands of steps. Default None:
+            the likelihood's ``natural_steps`` (True but for the robust-max likelihood, whose expected
+            log-likelihood, a bounded near-step function of the means, natural-gradient steps overshoot).
         natgrad_step: that step's size rho (default 0.1, for minibatches; see
             :func:`~gpscale.models._gaussian_q.natural_gradient_update`). A step that would make S indefinite is
             halved until it does not.
@@ -67,14 +69,16 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     likelihoods = ("gaussian", "bernoulli", "softmax", "robustmax")
 
-    def __init__(self, n_features: int, *, whiten: bool = True, jitter: float = 1e-6, natural_gradients: bool = True,
-                 natgrad_step: float = 0.1, **kwargs):
+    def __init__(self, n_features: int, *, whiten: bool = True, jitter: float = 1e-6,
+                 natural_gradients: bool | None = None, natgrad_step: float = 0.1, **kwargs):
         super().__init__(n_features, **kwargs)
         check_options({"natgrad_step": natgrad_step, "jitter": jitter})
         if not isinstance(whiten, bool):
             raise ValueError(f"whiten must be True or False, got {whiten!r}.")
         self.whiten = whiten
         self.jitter = float(jitter)
+        if natural_gradients is None:
+            natural_gradients = self.likelihood.natural_steps
         self.natural_gradients = bool(natural_gradients)
         self.natgrad_step = float(natgrad_step)
         self.n_latent = getattr(self.likelihood, "n_latent", 1)

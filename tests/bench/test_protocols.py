@@ -83,9 +83,9 @@ LIBRARY_DEFAULTS = ("defaults", "method-defaults", "scale")
 @pytest.mark.parametrize("name", [name for name in ALL if name not in LIBRARY_DEFAULTS])
 def test_paper_protocols_pin_their_training_so_the_librarys_defaults_do_not_move_them(name):
     """Every trainable entry fixes its epochs (on every data set), or runs L-BFGS with a fixed cap (whose stopping
-    rule is scipy's, not the library's), SoftKI its calibration and SVGP, HVGP and the convolutional GPs their optimiser of q: the library
-    trains to convergence, calibrates SoftKI's noise and takes natural-gradient steps on q by default, the papers
-    do none of these."""
+    rule is scipy's, not the library's), SoftKI its calibration and SVGP, HVGP and the convolutional GPs their
+    optimiser of q: the library trains to convergence, calibrates SoftKI's noise and takes natural-gradient steps on
+    q by default, the papers do none of these."""
     for spec in PROTOCOLS[name].methods:
         if spec.key != ESTIMATOR and not is_peer(spec.key) and not get_model_class(spec.key).trainable:
             continue

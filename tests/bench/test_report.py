@@ -356,3 +356,19 @@ def test_a_time_reference_adds_seconds_per_epoch_over_the_references_and_skipped
     skipped_section, failed_section = text.split("## Skipped runs")[1].split("## Failed runs")
     assert "kin40k / softki-official, split 0, seed 0: softki-official: not found; set GPSCALE_PEERS" in skipped_section
     assert failed_section.strip() == "None."
+
+
+def test_a_classification_table_prints_the_papers_accuracy_and_seconds_per_step_beside_ours():
+    """hvgp-conv-fmnist-short publishes the HKD paper's accuracy, NLL and seconds per iteration (its Table 2): the
+    table gets our accuracy, the paper's, and both seconds per step, row by row."""
+    runs = [{"protocol": "hvgp-conv-fmnist-short", "protocol_version": PROTOCOLS["hvgp-conv-fmnist-short"].version,
+             "status": "ok", "dataset": "fashion_mnist", "method": method, "accuracy": accuracy, "nlpd": 1.2,
+             "seconds_per_step": seconds}
+            for method, accuracy, seconds in (("conv-M", 0.7368, 0.2), ("svgp-512", 0.8307, 0.08))]
+    lines = markdown_table(summarise(runs), "fashion_mnist").splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[-3:] == ["paper accuracy", "s/step", "paper s/step"]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
+    column = {name: header.index(name) for name in ("accuracy", "paper accuracy", "s/step", "paper s/step")}
+    assert [cells["conv-M"][column[name]] for name in column] == ["0.7368", "0.657 ± 0.0006", "0.2", "0.21"]
+    assert [cells["svgp-512"][column[name]] for name in column] == ["0.8307", "–", "0.08", "–"]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, gram, inverse_cholesky,
-                            lower_inverse, qr_lstsq, qr_r)
+from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_jitter, gram,
+                            inverse_cholesky, lower_inverse, qr_lstsq, qr_r)
 
 
 def spd(n, seed=0):
@@ -26,15 +26,47 @@ def test_cholesky_escalates_jitter_with_a_warning():
     assert torch.allclose(L @ L.T, A, atol=1e-5 * A.diagonal().mean())
 
 
+def test_a_jitter_that_worked_is_tried_first_next_time(recwarn):
+    v = torch.randn(30, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    A = v @ v.T  # rank 3
+    factorisations = []
+    original = torch.linalg.cholesky_ex
+
+    def counted(M, *args, **kwargs):
+        factorisations.append(M)
+        return original(M, *args, **kwargs)
+
+    torch.linalg.cholesky_ex = counted
+    try:
+        L, level = cholesky_jitter(A)
+        warned = len([w for w in recwarn if issubclass(w.category, NumericalWarning)])
+        tries = len(factorisations)
+        L_again, level_again = cholesky_jitter(A, start=level)
+        # a matrix that needs more than the start: the next rung above it
+        raised, raised_level = cholesky_jitter(A - 2 * level * A.diagonal().mean() * torch.eye(30, dtype=A.dtype),
+                                               start=level)
+    finally:
+        torch.linalg.cholesky_ex = original
+    assert level > 0 and warned == 1 and tries >= 2
+    assert level_again == level and len(factorisations) == tries + 1 + 2  # once; then a failure and one rung
+    assert len([w for w in recwarn if issubclass(w.category, NumericalWarning)]) == 2  # the rung above start warns
+    torch.testing.assert_close(L_again, L, rtol=0, atol=0)
+    torch.testing.assert_close(L @ L.T, A + level * A.diagonal().mean() * torch.eye(30, dtype=A.dtype))
+    assert raised_level > level and torch.isfinite(raised).all()
+    assert cholesky_jitter(spd(20))[1] == 0.0
+
+
 def test_cholesky_raises_actionable_error_when_jitter_cannot_help():
     A = -spd(5)
     with pytest.raises(NotPSDError, match="float64|noise"):
         cholesky(A, max_tries=3)
 
 
-def test_cholesky_rejects_nan():
+@pytest.mark.parametrize("i, j, value", [(2, 1, float("nan")), (3, 3, float("nan")), (3, 0, float("inf")),
+                                          (2, 2, float("inf"))])
+def test_cholesky_rejects_nan_and_inf_in_the_triangle_it_reads(i, j, value):
     A = spd(4)
-    A[1, 2] = float("nan")
+    A[i, j] = value
     with pytest.raises(NotPSDError, match="NaN"):
         cholesky(A)
 

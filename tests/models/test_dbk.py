@@ -17,7 +17,7 @@ from gpscale.bench.memory import PeakMemory
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _weight_space, get_model_class
 from gpscale.models.svdbk import SVDBK
-from gpscale.kernels.deep_basis import DeepBasisKernel, ResidualLayer, mlp, prior_variance, residual_mlp
+from gpscale.kernels.deep_basis import DeepBasisKernel, ResidualLayer, Tanh, mlp, prior_variance, residual_mlp
 from gpscale.models.dbk import DBK, trace_penalty, variance_correction
 from gpscale.train import fit
 
@@ -631,7 +631,7 @@ def test_14_chunked_fit_and_prediction_equal_one_shot_and_use_the_training_max(c
 # --- networks, options, optimisation recipe -----------------------------------------------------------------------
 def test_built_in_networks_are_wired_as_documented():
     net = mlp(3, 16, depth=2, width=128, activation="tanh")
-    assert [type(m) for m in net] == [nn.Linear, nn.Tanh, nn.Linear, nn.Tanh, nn.Linear]
+    assert [type(m) for m in net] == [nn.Linear, Tanh, nn.Linear, Tanh, nn.Linear]
     shapes = [(m.in_features, m.out_features) for m in net if isinstance(m, nn.Linear)]
     assert shapes == [(3, 128), (128, 128), (128, 16)]
     res = residual_mlp(3, 16, depth=3, width=8, activation="relu").double()
@@ -649,6 +649,19 @@ def test_built_in_networks_are_wired_as_documented():
     torch.testing.assert_close(kernel.diag(X), kernel(X, X).diagonal())
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 3e-7), (F64, 1e-15)])
+def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol):
+    x = (4 * torch.randn(2000, dtype=F64, generator=torch.Generator().manual_seed(0))).to(dtype)
+    x[:3] = torch.tensor([0.0, 40.0, -40.0])  # 0 and saturation
+    ours, reference = (x.clone().requires_grad_() for _ in range(2))
+    y = Tanh()(ours)
+    torch.testing.assert_close(y, torch.tanh(reference), rtol=0, atol=atol)
+    weights = torch.randn(2000, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    (y * weights).sum().backward()
+    (torch.tanh(reference) * weights).sum().backward()
+    torch.testing.assert_close(ours.grad, reference.grad, rtol=0, atol=10 * atol)
+
+
 def test_defaults_follow_the_paper():
     model = DBK(3)
     assert model.n_basis == 128 and model.correction and model.weight_decay == 1e-4
@@ -659,7 +672,7 @@ def test_defaults_follow_the_paper():
         linear = [(m.in_features, m.out_features) for m in modules if isinstance(m, nn.Linear)]
         assert linear == [(3, 128)] + [(128, 128)] * (n_linear - 1)
         assert sum(isinstance(m, ResidualLayer) for m in modules) == n_residual
-        assert any(isinstance(m, nn.Tanh) for m in modules)
+        assert any(isinstance(m, Tanh) for m in modules)
     assert len(DBK(3, depth=2).kernel.network) == 4  # an explicit depth overrides the default
     assert get_model_class("dbk") is DBK and get_model_class("svdbk") is SVDBK
     assert DBK.full_batch and not SVDBK.full_batch

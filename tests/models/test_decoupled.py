@@ -234,6 +234,51 @@ def test_11_a_natural_gradient_step_below_one_moves_the_natural_parameters_that_
         torch.testing.assert_close(ours, (1 - rho) * before + rho * optimum, rtol=1e-7, atol=1e-7)
 
 
+@pytest.mark.parametrize("make", ["odvgp", "odvff", "odvff-extra"])
+def test_a_steps_loss_takes_the_matrices_of_its_natural_gradient_step_and_the_same_gradients(make):
+    """The natural-gradient step forms K_uu (with its factorisation), K_uf, K_u,gamma and k(x, gamma) with their
+    graph and the loss of the same step takes them (VariationalGP.step_shared): the loss and every gradient equal
+    those of forming them again, and K_uu is formed once a step."""
+    X, y = problem(80, d=2)
+
+    def build():
+        torch.manual_seed(0)
+        if make == "odvgp":
+            model = ODVGP(2, n_inducing=8, n_mean_inducing=12, kernel=AdditiveMatern(2, lengthscale=0.3),
+                          noise=0.05).double()
+            model.init(X, y)
+        else:
+            extra = dict(n_extra_inducing=4, extra_kernel="periodic") if make == "odvff-extra" else {}
+            model = odvff(X, y, F=4, n_mean=12, **extra)
+        randomise(model)
+        return model
+
+    shared, fresh = build(), build()
+    formed = []
+    original = shared.features.Kuu_operator
+
+    def counted(*args, **kwargs):
+        formed.append(1)
+        return original(*args, **kwargs)
+
+    shared.features.Kuu_operator = counted
+    for model in (shared, fresh):
+        model.natural_gradient_step(X, y, 80)
+    fresh._step_kernels = None  # this one forms them again in its loss
+    losses = [model.loss(X, y, 80) for model in (shared, fresh)]
+    assert len(formed) == 1 and shared._step_kernels is None
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-13, atol=0)
+    for loss in losses:
+        loss.backward()
+    named = [dict(model.named_parameters()) for model in (shared, fresh)]
+    assert any(p.grad is not None for p in named[0].values())
+    for name, a in named[0].items():
+        b = named[1][name]
+        assert (a.grad is None) == (b.grad is None), name
+        if a.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_natural_gradients_leave_q_beta_out_of_adam():
     X, y = problem(30, 1)
     model = odvff(X, y, n_mean=3)

@@ -216,9 +216,9 @@ def test_10_probes_are_fresh_standard_normal_and_solves_detached(setting):
     seen, solved = [], []
     original_solve = softki_module.batch_covariance_solve
 
-    def spy_pseudo(W, Kzz, noise, yb, probes):
+    def spy_pseudo(W, Kzz, noise, yb, probes, Lzz=None):
         seen.append(probes)
-        return hutchinson_pseudo_log_likelihood(W, Kzz, noise, yb, probes)
+        return hutchinson_pseudo_log_likelihood(W, Kzz, noise, yb, probes, Lzz)
 
     def spy_solve(*args, **kwargs):
         out = original_solve(*args, **kwargs)
@@ -436,6 +436,32 @@ def test_20_training_smoke():
     assert (model.Z - Z0).abs().max() > 1e-2
     assert model.noise.item() == noise0 == pytest.approx(1e-3)
     assert model.kernel.lengthscale.numel() == 1  # one shared lengthscale by default
+
+
+def test_a_singular_kzz_is_factored_once_a_step_with_the_jitter_it_needed_before(recwarn):
+    """k-means centres on duplicated rows (keggundirected has many) make K_zz singular at every step: the jitter the
+    first step needed is tried first at the next, so each later step factors K_zz once and warns no more."""
+    X, y, _, _ = smoke_data()
+    X = X[:40].repeat(20, 1)  # 40 distinct rows, 800 in all: 64 centres cannot all be distinct
+    y = y[:40].repeat(20)
+    model = SoftKI(5, n_inducing=64, calibrate_noise=None).double()
+    model.init(X, y, seed=0)
+    factorisations = []
+    original = torch.linalg.cholesky_ex
+
+    def counted(M, *args, **kwargs):
+        factorisations.append(M.shape[-1])
+        return original(M, *args, **kwargs)
+
+    with patch.object(torch.linalg, "cholesky_ex", counted):
+        model.loss(X[:256], y[:256], 800)
+        first = factorisations.count(64)
+        for step in range(3):
+            model.loss(X[256 * step:256 * (step + 1)], y[256 * step:256 * (step + 1)], 800)
+    kzz_warnings = [w for w in recwarn if "K_zz" in str(w.message)]
+    assert first >= 3 and model._Kzz_jitter > 0  # the first step escalated
+    assert factorisations.count(64) == first + 3 * 2  # then K_zz's and the capacitance's factor, once each a step
+    assert len(kzz_warnings) == 1
 
 
 def rows_weighted(model, action):

@@ -37,6 +37,35 @@ def test_separable_kernels_are_sums_and_products_of_one_dimensional_materns():
     torch.testing.assert_close(product.diag(X1), torch.full((7,), 2.0, dtype=F64))
 
 
+def _separable_by_autograd(kind, nu, X1, X2, lengthscale, scale):
+    """The separable kernel as a plain differentiable expression (no custom backward): [D, n1, n2] factors."""
+    z = math.sqrt(2 * nu) * ((X1.T[:, :, None] - X2.T[:, None, :]).abs() / lengthscale[:, None, None])
+    g = {0.5: 1.0, 1.5: 1.0 + z, 2.5: 1.0 + z + z * z / 3}[nu] * torch.exp(-z)
+    return (scale[:, None, None] * g).sum(0) if kind == "additive" else scale * g.prod(0)
+
+
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+@pytest.mark.parametrize("kind", ["additive", "product"])
+def test_separable_closed_form_backward_equals_autograd_of_the_formula(kind, nu):
+    X1, X2 = problem(7, 3)[0], problem(5, 3, seed=1)[0]
+    X2[1, 0] = X1[2, 0]  # a coordinate shared by two points: u = 0 in one dimension, where |u| has its kink
+    X1, X2 = X1.requires_grad_(), X2.requires_grad_()
+    cls = AdditiveMatern if kind == "additive" else ProductMatern
+    k = cls(3, nu=nu, lengthscale=0.4, outputscale=1.5).double()
+    with torch.no_grad():
+        k.raw_lengthscale.add_(torch.tensor([0.0, 0.3, -0.2], dtype=F64))
+    scale_param = k.raw_variance if kind == "additive" else k.raw_outputscale
+    params = [X1, X2, k.raw_lengthscale, scale_param]
+    weights = torch.randn(7, 5, dtype=F64, generator=torch.Generator().manual_seed(3))
+    ours = torch.autograd.grad((k(X1, X2) * weights).sum(), params)
+    softplus = torch.nn.functional.softplus
+    reference_K = _separable_by_autograd(kind, nu, X1, X2, softplus(k.raw_lengthscale), softplus(scale_param))
+    torch.testing.assert_close(k(X1, X2), reference_K)
+    reference = torch.autograd.grad((reference_K * weights).sum(), params)
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def additive_features(D, F, lengthscale=0.1, variance=1.0, nu=1.5):
     kernel = AdditiveMatern(D, nu=nu, lengthscale=lengthscale, outputscale=variance * D).double()
     features = FourierFeatures(kernel, F).double()

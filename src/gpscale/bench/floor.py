@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from .._version import __version__
+from ..defaults import default_dtype
 from ..distributed import LOCAL
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
@@ -139,15 +140,20 @@ def matmul_rate(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float
 
 @dataclass(frozen=True)
 class FloorCase:
-    """One method at one size. ``batch_size`` is ignored by full-batch methods (their step is one pass)."""
+    """One method at one size. ``batch_size`` is ignored by full-batch methods (their step is one pass); ``dtype``
+    defaults to the one the estimators give the method (:func:`gpscale.defaults.default_dtype`)."""
 
     method: str
     n: int
     d: int
     options: dict = field(default_factory=dict)
     batch_size: int = 1024
-    dtype: str = "float64"
+    dtype: str = ""
     size: str = ""  # a name for the size, for the table
+
+    def __post_init__(self):
+        if not self.dtype:
+            object.__setattr__(self, "dtype", default_dtype(self.method))
 
 
 def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtype, seed: int = 0):
@@ -221,9 +227,8 @@ def _cases() -> tuple[FloorCase, ...]:
         FloorCase("softki", 13500, 26, {"n_inducing": 512}, 1024, **P),
         FloorCase("grief", 500, 2, {"init_exact_points": 0}, **S),
         FloorCase("grief", 2000, 6, {"init_exact_points": 0}, **P),
-        FloorCase("dbk", 2000, 8, {}, dtype="float32", **S), FloorCase("dbk", 13500, 26, {}, dtype="float32", **P),
-        FloorCase("svdbk", 2000, 8, {}, 256, dtype="float32", **S),
-        FloorCase("svdbk", 13500, 26, {}, 1024, dtype="float32", **P),
+        FloorCase("dbk", 2000, 8, {}, **S), FloorCase("dbk", 13500, 26, {}, **P),
+        FloorCase("svdbk", 2000, 8, {}, 256, **S), FloorCase("svdbk", 13500, 26, {}, 1024, **P),
         FloorCase("hvgp", 2000, 8, {"n_inducing": 64}, 256, **S),
         FloorCase("hvgp", 13500, 26, {"n_inducing": 256}, 1024, **P),
         FloorCase("conv-svgp", 2000, 64, {"image_shape": (8, 8), "filter_size": 3, "n_inducing": 64}, 64, **S),

@@ -7,14 +7,41 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from .stationary import Kernel
 
-__all__ = ["DeepBasisKernel", "mlp", "residual_mlp", "ResidualLayer", "prior_variance", "ACTIVATIONS", "NETWORKS",
-           "DEFAULT_DEPTH"]
+__all__ = ["DeepBasisKernel", "mlp", "residual_mlp", "ResidualLayer", "Tanh", "prior_variance", "ACTIVATIONS",
+           "NETWORKS", "DEFAULT_DEPTH"]
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
+class _SigmoidTanh(torch.autograd.Function):
+    """``tanh x = 2 sigmoid(2x) - 1``, with tanh's own backward ``grad (1 - y^2)``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """The hyperbolic tangent. On the CPU as ``2 sigmoid(2x) - 1``: torch's CPU tanh took 330 us on a [1,024, 128]
+    float32 matrix where this takes 90 (one thread, torch 2.13), a sixth of a DBK step at the paper's sizes; the
+    absolute error is below 2e-7 (torch's: 3e-8), a few units in the last place of activations of order 1."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _SigmoidTanh.apply(x) if x.device.type == "cpu" else torch.tanh(x)
+
+
+ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}
 NETWORKS = ("mlp", "resnet")
 DEFAULT_DEPTH = {"mlp": 2, "resnet": 3}  # hidden layers of the paper's "2-layer MLP" and "2-layer ResNet"
 

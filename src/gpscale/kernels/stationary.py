@@ -99,11 +99,15 @@ class Stationary(Kernel):
         return _sq_dist(X1 / ls, X2 / ls)
 
     def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:  # pragma: no cover - interface
-        """``g`` as a function of the squared scaled distance (``g(0) = 1``), and what :meth:`slope` needs."""
+        """``g`` as a function of the squared scaled distance (``g(0) = 1``), as a tensor of its own (the caller
+        scales it in place into K; it may reuse ``sq_dist``'s memory), and what :meth:`weighted_slope` needs."""
         raise NotImplementedError
 
-    def slope(self, g: Tensor, state: tuple[Tensor, ...]) -> Tensor:  # pragma: no cover - interface
-        """``dg / d(sq_dist)`` from g and the state :meth:`profile` returned, as a new tensor (scaled in place)."""
+    def weighted_slope(self, grad: Tensor, K: Tensor, outputscale: Tensor,
+                       state: tuple[Tensor, ...]) -> tuple[Tensor, Tensor | float]:  # pragma: no cover - interface
+        """``(H, c)`` with ``c H = grad * s^2 dg / d(sq_dist)``: H a new tensor, formed in as few passes as the
+        profile allows, and the scalar c applied later to the [n, d] results instead of the [n1, n2] matrix. K is
+        the forward's output, ``s^2 g``."""
         raise NotImplementedError
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
@@ -131,34 +135,37 @@ class _StationaryGram(torch.autograd.Function):
     """``s^2 g(||a - b||^2)`` [..., n1, n2] for scaled inputs A [..., n1, d], B [..., n2, d], with the backward in
     closed form.
 
-    With ``G = dL/dK * s^2 g'`` (g' the kernel's :meth:`~Stationary.slope`), the Gram expansion gives
-    ``dL/dA = 2 (rowsum(G) A - G B)`` and ``dL/dB = 2 (colsum(G) B - G^T A)``, and ``dL/ds^2 = <dL/dK, g>``.
+    With ``G = dL/dK * s^2 g'`` = c H (the kernel's :meth:`~Stationary.weighted_slope`), the Gram expansion gives
+    ``dL/dA = 2 c (rowsum(H) A - H B)`` and ``dL/dB = 2 c (colsum(H) B - H^T A)``, and ``dL/ds^2 = <dL/dK, K> / s^2``.
     Autograd through the expression instead keeps every n1 x n2 intermediate (distance, root, exponential,
     polynomial) and takes a pass over each on the way back: for the kernel matrices that dominate an HVGP or SVGP
-    step (a batch against every inducing point of every orbit), element-wise work is most of the time.
+    step (a batch against every inducing point of every orbit), element-wise work is most of the time. Here the
+    output K is saved in place of g (g = K / s^2), and the backward takes three passes over n1 x n2 matrices (H,
+    its row sums, and <dL/dK, K>) besides the two products.
     """
 
     @staticmethod
     def forward(ctx, A: Tensor, B: Tensor, outputscale: Tensor, kernel: Stationary) -> Tensor:
         g, state = kernel.profile(_sq_dist(A, B))
+        K = g.mul_(outputscale)
         ctx.kernel = kernel
-        ctx.save_for_backward(A, B, outputscale, g, *state)
-        return outputscale * g
+        ctx.save_for_backward(A, B, outputscale, K, *state)
+        return K
 
     @staticmethod
-    @once_differentiable  # the saved g and state are not differentiable functions of A and B
+    @once_differentiable  # the saved K and state are not differentiable functions of A and B
     def backward(ctx, grad: Tensor):
-        A, B, outputscale, g, *state = ctx.saved_tensors
+        A, B, outputscale, K, *state = ctx.saved_tensors
         need_A, need_B, need_scale, _ = ctx.needs_input_grad
         dA = dB = dscale = None
         if need_scale:
-            dscale = torch.tensordot(grad, g, dims=g.dim())
+            dscale = torch.tensordot(grad, K, dims=K.dim()) / outputscale
         if need_A or need_B:
-            G = ctx.kernel.slope(g, tuple(state)).mul_(grad).mul_(outputscale)
+            H, c = ctx.kernel.weighted_slope(grad, K, outputscale, tuple(state))
             if need_A:
-                dA = 2.0 * (G.sum(-1, keepdim=True) * A - G @ B)
+                dA = (H.sum(-1, keepdim=True) * A - H @ B).mul_(2.0 * c)
             if need_B:
-                dB = 2.0 * (G.sum(-2).unsqueeze(-1) * B - G.transpose(-2, -1) @ A)
+                dB = (H.sum(-2).unsqueeze(-1) * B - H.transpose(-2, -1) @ A).mul_(2.0 * c)
         return dA, dB, dscale, None
 
 
@@ -166,10 +173,11 @@ class RBF(Stationary):
     """Squared exponential: ``g = exp(-r^2 / 2)``, ``dg / d(r^2) = -g / 2``."""
 
     def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        return torch.exp(-0.5 * sq_dist), ()
+        return sq_dist.mul_(-0.5).exp_(), ()
 
-    def slope(self, g: Tensor, state: tuple[Tensor, ...]) -> Tensor:
-        return -0.5 * g
+    def weighted_slope(self, grad, K, outputscale, state):
+        """``s^2 dg / d(r^2) = -K / 2``."""
+        return grad * K, -0.5
 
 
 class Matern(Stationary):
@@ -193,23 +201,24 @@ class Matern(Stationary):
         return f"nu={self.nu}, {super().extra_repr()}"
 
     def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        # the floor keeps r, and the slope of nu = 1/2, finite on the diagonal
-        z = sq_dist.clamp_min_(1e-30).sqrt_().mul_(math.sqrt(2.0 * self.nu))
-        decay = torch.exp(-z)
+        z = sq_dist.mul_(2.0 * self.nu).sqrt_()
+        decay = torch.neg(z).exp_()
         if self.nu == 0.5:
-            return decay, (z, decay)
-        poly = 1.0 + z if self.nu == 1.5 else 1.0 + z + z * z / 3.0
-        return poly.mul_(decay), (z, decay)
-
-    def slope(self, g: Tensor, state: tuple[Tensor, ...]) -> Tensor:
-        """``dg / d(r^2) = g'(r) / (2 r)``: -exp(-z) / (2 r), -3/2 exp(-z), -5/6 (1 + z) exp(-z) (z = sqrt(2 nu) r);
-        for nu = 1/2, 0 where r is at its floor (as the derivative of the floored root there)."""
-        z, decay = state
-        if self.nu == 0.5:
-            return torch.where(z > 1e-15, -0.5 * decay / z, 0.0)
+            return decay.clone(), (z, decay)
         if self.nu == 1.5:
-            return -1.5 * decay
-        return (1.0 + z).mul_(decay).mul_(-5.0 / 6.0)
+            return torch.addcmul(decay, decay, z), (z, decay)
+        return (z * z).div_(3.0).add_(z).add_(1.0).mul_(decay), (z, decay)
+
+    def weighted_slope(self, grad, K, outputscale, state):
+        """``s^2 dg / d(r^2) = s^2 g'(r) / (2 r)``: -s^2 exp(-z) / (2 r), -3/2 s^2 exp(-z), -5/6 s^2 (1 + z) exp(-z)
+        (z = sqrt(2 nu) r); for nu = 1/2, 0 where r = 0 (as the derivative of the root floored above 0)."""
+        z, decay = state
+        H = grad * decay
+        if self.nu == 0.5:
+            return H.div_(z).masked_fill_(z <= 1e-15, 0.0), -0.5 * outputscale
+        if self.nu == 1.5:
+            return H, -1.5 * outputscale
+        return H.addcmul_(H, z), -5.0 / 6.0 * outputscale
 
 
 class Periodic(Kernel):

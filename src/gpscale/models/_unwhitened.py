@@ -38,8 +38,9 @@ class UnwhitenedQ:
     features, the likelihood and q itself (``q_mu``, ``q_sqrt``)."""
 
     def Kuu_operator(self):
-        """Kuu + jitter I as an operator (float64); structured features keep their structure."""
-        return self.features.Kuu_operator(self.jitter)
+        """Kuu + jitter I as an operator (float64); structured features keep their structure. Shared within a
+        training step (``step_shared``), with the factorisation it caches."""
+        return self.step_shared("Kuu", None, lambda: self.features.Kuu_operator(self.jitter))
 
     def mean_weights(self, Kuu, q_mu: Tensor) -> MeanWeights:
         """The mean's coefficients w = Kuu^{-1} m (float64), computed once per objective: the moments and the KL
@@ -58,11 +59,12 @@ class UnwhitenedQ:
         """What q(f) at X [b, d] needs besides q's covariance (float64): the mean [b], the residual
         k(x, x) - phi^T Kuu^{-1} phi [b] and A = Kuu^{-1} phi(x) [M, b], with ``weights`` from m. The variance is
         ``residual + diag(A^T S A)``."""
-        Kux = self.features.Kuf(X).to(CORE)  # [M, b]
+        Kux, Kff_diag = self.batch_kernels(X)
+        Kux = Kux.to(CORE)  # [M, b]
         A = Kuu.solve(Kux)
         mean = self.add_mean_basis(X, Kux.T @ weights.w, weights.a, weights.gamma)
         # k(x, x) - phi^T Kuu^{-1} phi >= 0 in exact arithmetic; the clamp removes round-off only
-        residual = (self.features.Kff_diag(X).to(CORE) - (Kux * A).sum(0)).clamp_min(0.0)
+        residual = (Kff_diag.to(CORE) - (Kux * A).sum(0)).clamp_min(0.0)
         return mean, residual, A
 
     def unwhitened_elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor, L: Tensor) -> Tensor:
@@ -85,8 +87,10 @@ class UnwhitenedQ:
         term, K^{-1} = Kuu^{-1} and S^{-1}."""
         with torch.no_grad():
             L = self.q_sqrt.to(CORE)
-            Kuu = self.Kuu_operator()
             m = self.q_mu.detach().to(CORE).clone().requires_grad_(True)
+        # with its graph, and with gradients on wherever it factorises (it caches its factors), for the loss of this
+        # step to take (step_shared)
+        Kuu = self.Kuu_operator()
         if X.shape[0]:
             weights = self.mean_weights(Kuu, m)
             mean, residual, A = self.projections(X, Kuu, weights)

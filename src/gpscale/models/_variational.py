@@ -83,7 +83,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         self.natgrad_step = float(natgrad_step)
         self.n_latent = getattr(self.likelihood, "n_latent", 1)
         self.blocks: int | None = None
-        self._step_kernels: tuple | None = None  # see batch_kernels
+        self._step_kernels: dict | None = None  # see step_shared
 
     def init_variational(self, m: int, blocks: int | None = None) -> None:
         """q = N(0, I): q_mu [(blocks,) (C,) m] and q_sqrt [(blocks,) (C,) m, m]."""
@@ -146,7 +146,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         # a sum over the batch's rows plus a term of the parameters: each process's part is its rows' estimate
         try:
             return -self.elbo(X, y, num_data, *self.q_for_loss()) / num_data
-        finally:  # the step's kernel matrices serve this loss only
+        finally:  # the step's kernel matrices serve this loss only (see step_shared)
             self._step_kernels = None
 
     def q_for_loss(self) -> tuple[Tensor, Tensor]:
@@ -158,8 +158,8 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     # --- whitened q ---------------------------------------------------------------------------------------
     def Lu(self) -> Tensor:
-        """Cholesky factor of Kuu + jitter I [m, m] (or [T, m, m]), float64."""
-        return self.cholesky_Kuu(self.features.Kuu())
+        """Cholesky factor of Kuu + jitter I [m, m] (or [T, m, m]), float64; shared within a training step."""
+        return self.step_shared("Lu", None, lambda: self.cholesky_Kuu(self.features.Kuu()))
 
     def cholesky_Kuu(self, Kuu: Tensor) -> Tensor:
         """The Cholesky factor of ``Kuu + jitter I`` [..., m, m] in float64."""
@@ -169,18 +169,37 @@ class VariationalGP(UnwhitenedQ, GPModel):
         """Mean and variance [c] (or [c, C]) of q(f) at X [c, d], given L [m, m] and q(v) = N(q_mu, q_sqrt q_sqrt^T)
         (blocks summed)."""
         Kuf, Kff_diag = self.batch_kernels(X)
-        A = solve_lower(Lu.to(X.dtype), Kuf)  # L^{-1} Kuf, [(T,) m, c]
-        return self.marginals(Kff_diag, *self.whitened_moments(A, q_mu, q_sqrt))
+        return self.marginals(Kff_diag, *self.whitened_moments(self.whitened_Kuf(X, Lu, Kuf), q_mu, q_sqrt))
+
+    def whitened_Kuf(self, X: Tensor, Lu: Tensor, Kuf: Tensor) -> Tensor:
+        """``A = L^{-1} Kuf`` [(T,) m, c] in X's dtype, shared within a training step (:meth:`step_shared`)."""
+        return self.step_shared("A", X, lambda: solve_lower(Lu.to(X.dtype), Kuf))
 
     def batch_kernels(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """``Kuf(X)`` [(T,) m, c] and ``Kff_diag(X)`` [c]. In a training step the natural-gradient step forms them
-        first, with their graph, and the loss of the same step takes them from it instead of forming them again:
-        only q moved in between, and neither depends on q. They are taken only for the very batch tensor X, unchanged,
-        with every other parameter unchanged since (their version counters say so); else formed here."""
-        step, self._step_kernels = self._step_kernels, None
-        if step is not None and step[0] is X and step[1] == self._kernel_versions(X) and torch.is_grad_enabled():
-            return step[2], step[3]
-        return self.features.Kuf(X), self.features.Kff_diag(X)
+        """``Kuf(X)`` [(T,) m, c] and ``Kff_diag(X)`` [c], shared within a training step (:meth:`step_shared`)."""
+        return (self.step_shared("Kuf", X, lambda: self.features.Kuf(X)),
+                self.step_shared("Kff_diag", X, lambda: self.features.Kff_diag(X)))
+
+    def open_step(self, X: Tensor) -> None:
+        """Start sharing kernel matrices between this step's natural-gradient step and its loss (on the batch X)."""
+        self._step_kernels = {"X": X, "versions": self._kernel_versions(X)} if torch.is_grad_enabled() else None
+
+    def step_shared(self, name: str, X: Tensor | None, compute) -> Tensor:
+        """The matrix ``name``, ``compute()``, of the batch X (None: of the parameters alone), formed once a training
+        step: the natural-gradient step (which opens the step, :meth:`open_step`) forms it with its graph, and the
+        loss of the same step takes it instead of forming it again; only q moved in between, and no kernel matrix
+        depends on q. A matrix is taken only for the step's very batch tensor, unchanged, with every other parameter
+        unchanged since (their version counters say so), with gradients enabled; else it is formed here.
+        :meth:`loss` ends the step."""
+        memo = self._step_kernels
+        if memo is None or not torch.is_grad_enabled():
+            return compute()
+        if (X is not None and memo["X"] is not X) or memo["versions"] != self._kernel_versions(memo["X"]):
+            self._step_kernels = None
+            return compute()
+        if name not in memo:
+            memo[name] = compute()
+        return memo[name]
 
     def _kernel_versions(self, X: Tensor) -> tuple[int, ...]:
         """The in-place version counters of X and of every parameter but q's: what Kuf(X) and Kff_diag(X) read."""
@@ -225,6 +244,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         processes of ``share`` times each process's."""
         if not self.natural_gradients:
             return
+        self.open_step(X)
         gradients = self._whitened_gradients if self.whiten else self.unwhitened_gradients
         m, L, g_m, data_term, prior_precision, S_inv = gradients(X, y, num_data, comm, share)
         with torch.no_grad():
@@ -238,28 +258,30 @@ class VariationalGP(UnwhitenedQ, GPModel):
                 self._precision = (self._q_sqrt_state(), step[2])
 
     def _whitened_gradients(self, X, y, num_data, comm, share):
-        """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``."""
+        """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``.
+        The batch's terms are formed in its dtype, as the loss forms them (A, with its graph, is the loss's own:
+        see :meth:`step_shared`), and summed into the float64 step."""
         with torch.no_grad():
-            Lu = self.Lu()
-            if isinstance(Lu, list):  # blocks placed on several devices (HVGP): the step runs on the batch's
-                Lu = torch.cat([part.to(X.device) for part in Lu])
             m, L = self.q_mu.detach().to(CORE), self.q_sqrt.detach().to(CORE)
         if X.shape[0]:
-            # formed with their graph (when training) for the loss of this step to take (see batch_kernels)
-            Kuf, Kff_diag = self.features.Kuf(X), self.features.Kff_diag(X)
-            self._step_kernels = (X, self._kernel_versions(X), Kuf, Kff_diag)
+            Kuf, Kff_diag = self.batch_kernels(X)
+            Lu = self.Lu()
+            if isinstance(Lu, list):  # blocks placed on several devices (HVGP): the step runs on the batch's
+                A = solve_lower(torch.cat([part.detach().to(X.device) for part in Lu]).to(X.dtype), Kuf.detach())
+            else:
+                A = self.whitened_Kuf(X, Lu, Kuf).detach()  # [(T,) m, b]
             with torch.no_grad():
-                A = solve_lower(Lu, Kuf.detach().to(CORE))  # [(T,) m, b]
-                mean, variance, nystrom = self.whitened_moments(A, m, L)
+                mean, variance, nystrom = (t.to(CORE) for t in self.whitened_moments(A, m.to(A.dtype),
+                                                                                     L.to(A.dtype)))
             mean.requires_grad_(True)
             variance.requires_grad_(True)
-            f_mean, f_var = self.marginals(Kff_diag.detach(), mean, variance, nystrom)
+            f_mean, f_var = self.marginals(Kff_diag.detach().to(CORE), mean, variance, nystrom)
             expected = self.likelihood.expected_log_prob(y.to(CORE), f_mean, f_var).sum()
             g_mean, g_var = torch.autograd.grad((num_data / X.shape[0]) * expected, [mean, variance])
             if self.n_latent > 1:
                 A = A.unsqueeze(-3)  # shared by the C latent functions
-            g_m = share * (A * g_mean.unsqueeze(-2)).sum(-1)  # [(T,) (C,) m]
-            data_term = (A * (share * g_var).unsqueeze(-2)) @ A.mT  # [(T,) (C,) m, m]
+            g_m = share * (A * g_mean.to(A.dtype).unsqueeze(-2)).sum(-1).to(CORE)  # [(T,) (C,) m]
+            data_term = ((A * (share * g_var).to(A.dtype).unsqueeze(-2)) @ A.mT).to(CORE)  # [(T,) (C,) m, m]
         else:  # none of the global batch's rows are here
             g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
         g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient

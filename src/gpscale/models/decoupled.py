@@ -63,12 +63,17 @@ class OrthogonallyDecoupledGP(VariationalGP):
     def mean_weights(self, Kuu, q_mu: Tensor) -> MeanWeights:
         """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64)."""
         a = self.a_gamma.to(CORE)
-        c = self.features.Kuf(self.gamma).to(CORE) @ a if self.n_mean_inducing else torch.zeros_like(q_mu)
+        if self.n_mean_inducing:
+            c = self.step_shared("Kug", None, lambda: self.features.Kuf(self.gamma)).to(CORE) @ a
+        else:
+            c = torch.zeros_like(q_mu)
         return MeanWeights(a, Kuu.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c, self.gamma)
 
     def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None, gamma: Tensor | None) -> Tensor:
         """``mean + k(x, gamma) a``."""
-        return mean + self.kernel(X, gamma).to(CORE) @ a if self.n_mean_inducing else mean
+        if not self.n_mean_inducing:
+            return mean
+        return mean + self.step_shared("Kfg", X, lambda: self.kernel(X, gamma)).to(CORE) @ a
 
     def mean_basis_kl(self, Kuu, weights: MeanWeights) -> Tensor | float:
         """``1/2 a^T (Kgg - Kgb Kbb^{-1} Kbg) a`` as two quadratic forms, never forming or factorising the

@@ -72,10 +72,12 @@ class HarmonicFeatures(InducingFeatures):
             return torch.einsum("ts,sij->tji", W, orbit_gram(kernel, self.action, X, self.Z.to(X.device)))
         Z = self.Z[blocks].to(X.device)  # every block's orbit in one kernel evaluation; block t takes row t of W
         T, m, d = Z.shape
-        K = kernel(X, self.action.orbit(Z.reshape(T * m, d)).reshape(-1, d)).view(X.shape[0], -1, T, m)  # [c, S, T, m]
-        # a weighted sum over s on the kernel's own layout, not an einsum: that would permute the [c, S, T, m] matrix
-        # into a batched product, copying it (and its gradient) across memory, which takes longer than the kernel
-        return (K * W.T.unsqueeze(-1)).sum(1).permute(1, 2, 0)
+        orbits = self.action.orbit(Z.reshape(T * m, d)).view(-1, T, m, d).transpose(0, 1)  # [T, S, m, d]
+        K = kernel(X, orbits.reshape(-1, d)).view(X.shape[0], T, -1, m)  # [c, T, S, m]
+        # laid out so that block t's weighted sum over s is a [1, S] x [S, m] product on the kernel's own memory
+        # (c T of them in one batched product): an einsum over [c, S, T, m] would copy it to lay it out, and a
+        # broadcast multiply and sum would write a temporary of its size, each slower than the kernel itself
+        return (W.unsqueeze(-2) @ K).squeeze(-2).permute(1, 2, 0)
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the

@@ -159,7 +159,7 @@ def test_2_gradients_equal_dense_autograd_and_the_closed_form(n, r, noise):
 
 
 def test_2_network_gradients_through_chunks_equal_dense():
-    """A real network, trained in checkpointed chunks of 7 rows: the loss and every gradient equal the dense ones."""
+    """A real network, trained in chunks of 7 rows: the loss and every gradient equal the dense ones."""
     g = torch.Generator().manual_seed(0)
     X = torch.rand(40, 2, generator=g, dtype=F64) * 2 - 1
     y = torch.sin(3 * X[:, 0]) + 0.1 * torch.randn(40, generator=g, dtype=F64)

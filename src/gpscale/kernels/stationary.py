@@ -140,8 +140,9 @@ class _StationaryGram(torch.autograd.Function):
     Autograd through the expression instead keeps every n1 x n2 intermediate (distance, root, exponential,
     polynomial) and takes a pass over each on the way back: for the kernel matrices that dominate an HVGP or SVGP
     step (a batch against every inducing point of every orbit), element-wise work is most of the time. Here the
-    output K is saved in place of g (g = K / s^2), and the backward takes three passes over n1 x n2 matrices (H,
-    its row sums, and <dL/dK, K>) besides the two products.
+    output K is saved in place of g (g = K / s^2), the scalars c and s^2 are applied to [n, d] results, and the
+    backward reads n1 x n2 matrices only to form H, its row and column sums and <dL/dK, K>, besides the two
+    products.
     """
 
     @staticmethod

@@ -60,7 +60,7 @@ class FeatureSpaceGP(GPModel):
     - ``trace_term = True`` when ``phi(x)^T phi(x')`` approximates the model's kernel k (inducing features, as
       :class:`CollapsedGP`): the statistics carry ``sum_i k(x_i, x_i)`` for Titsias' trace term, and prediction
       adds back ``k(x, x') - phi(x)^T phi(x')``;
-    - ``residual_evidence = True`` to hold Phi [n, r] in memory in training (computed in checkpointed chunks) and
+    - ``residual_evidence = True`` to hold Phi [n, r] in memory in training (computed in chunks, no graph kept) and
       take the evidence's data fit in its cancellation-free residual form (:func:`residual_quad`), while Phi fits
       in ``HELD_FEATURES_BYTES``; beyond, the evidence streams its statistics like any other;
     - :meth:`predictive_extra`, an independent latent variance per test row (a variance correction).
@@ -109,13 +109,19 @@ class FeatureSpaceGP(GPModel):
         return self.prior_variance if self.trace_term else None
 
     def phi(self, X: Tensor, state: dict[str, Tensor] | None = None) -> Tensor:
-        """Phi = phi(X) [n, r] held in memory, ``chunk_size`` rows at a time (checkpointed when there are several
-        and gradients are on, so the autograd graph is held for one chunk at a time)."""
-        features = self.feature_map(self.feature_state() if state is None else state)
-        chunks = [Xc for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
-        if torch.is_grad_enabled() and len(chunks) > 1:
-            return torch.cat([checkpoint(features, Xc, use_reentrant=False) for Xc in chunks])
-        return torch.cat([features(Xc) for Xc in chunks])
+        """Phi = phi(X) [n, r] held in memory, computed ``chunk_size`` rows at a time into one tensor. With
+        gradients on and several chunks no chunk's graph is kept: the backward pass rebuilds one at a time
+        (:class:`_ChunkedFeatures`)."""
+        state = self.feature_state() if state is None else state
+        if not torch.is_grad_enabled() or X.shape[0] <= self.chunk_size:
+            return _rows_into_one(self.feature_map(state), X, self.chunk_size, self.device)
+        if X.requires_grad:  # gradients for the inputs too: a checkpointed graph per chunk
+            features = self.feature_map(state)
+            return torch.cat([checkpoint(features, Xc, use_reentrant=False)
+                              for (Xc,) in chunks_on(self.device, self.chunk_size, X)])
+        params = [p for p in self.parameters() if p.requires_grad]
+        return _ChunkedFeatures.apply(self.feature_map, tuple(state), self.chunk_size, self.device, X,
+                                      *state.values(), *params)
 
     def statistics(self, X: Tensor, y: Tensor, comm: Comm = LOCAL,
                    state: dict[str, Tensor] | None = None) -> Statistics:
@@ -217,6 +223,57 @@ class FeatureSpaceGP(GPModel):
         Phi = self.feature_map(self.cache)(X).to(CORE)  # [c, r]
         mean, _, U, _ = weight_space_factors(self.cache["L_B"], self.cache["w_mean"], Phi)
         return PredictiveFactors(mean, Phi.T if self.trace_term else None, U, self.predictive_extra(Phi))
+
+
+def _rows_into_one(features, X: Tensor, chunk_size: int, device) -> Tensor:
+    """features(X) [n, r], ``chunk_size`` rows of X at a time (on ``device``), written into one tensor: a list of
+    chunks joined by ``torch.cat`` holds Phi twice."""
+    Phi, start = None, 0
+    for (Xc,) in chunks_on(device, chunk_size, X):
+        Pc = features(Xc)
+        if Phi is None:
+            Phi = Pc.new_empty((X.shape[0], *Pc.shape[1:]))
+        Phi[start:start + Pc.shape[0]] = Pc
+        start += Pc.shape[0]
+    return Phi
+
+
+class _ChunkedFeatures(torch.autograd.Function):
+    """Phi = phi(X) [n, r] held in memory, computed ``chunk_size`` rows at a time into one tensor with no autograd
+    graph; the backward pass rebuilds one chunk's graph at a time and backpropagates that chunk's rows of dPhi.
+
+    This is what checkpointing every chunk did, with one autograd node for the whole pass instead of one graph per
+    chunk: a checkpointed chunk keeps its graph's nodes (small allocations) alive until the backward pass, and glibc
+    puts them in the holes its freed chunk-sized temporaries left, so each chunk's temporaries took fresh heap and
+    the heap grew by several chunks' worth per chunk (7.9 KB a row of 128 float32 features, 15 times Phi)."""
+
+    @staticmethod
+    def forward(ctx, feature_map, keys, chunk_size, device, X, *tensors):
+        Phi = _rows_into_one(feature_map(dict(zip(keys, tensors[:len(keys)]))), X, chunk_size, device)
+        ctx.feature_map, ctx.keys, ctx.chunk_size, ctx.device = feature_map, keys, chunk_size, device
+        ctx.params = tensors[len(keys):]  # leaves (the model's parameters): the recomputation uses them as they are
+        ctx.save_for_backward(X, *tensors[:len(keys)])
+        return Phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        X, *state_values = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in state_values]
+            features = ctx.feature_map(dict(zip(ctx.keys, leaves)))
+            inputs = [t for t in (*leaves, *ctx.params) if t.requires_grad]
+            totals: list[Tensor | None] = [None] * len(inputs)
+            start = 0
+            for (Xc,) in chunks_on(ctx.device, ctx.chunk_size, X):
+                Pc = features(Xc)
+                rows = grad[start:start + Pc.shape[0]]
+                start += Pc.shape[0]
+                # retain_graph: feature_map may build a graph that every chunk shares (GRIEF's eigenpairs)
+                parts = torch.autograd.grad(Pc, inputs, rows, retain_graph=True, allow_unused=True)
+                totals = [t if g is None else g if t is None else t + g for t, g in zip(totals, parts)]
+        given = iter(totals)
+        grads = [next(given) if t.requires_grad else None for t in (*leaves, *ctx.params)]
+        return (None, None, None, None, None, *grads)
 
 
 def _check_engine_options(solver, calibrate_noise) -> None:

@@ -241,9 +241,10 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
     """Deep basis kernel GP with exact inference, trained full batch (Algorithm 9.1) on the linear engine.
 
     Each step computes Phi [n, r] for all n rows, because the trace penalty's max couples them; the network runs
-    in chunks of ``chunk_size`` rows, each checkpointed when there are several, so its activations are held for
-    one chunk at a time, and the evidence's data fit is in residual form. ``Phi^T Phi`` and its Cholesky are
-    float64 whatever the model dtype: the network's float32 rows would lose the evidence's small differences.
+    in chunks of ``chunk_size`` rows, and the backward pass runs it again one chunk at a time, so its activations
+    are held for one chunk at a time, and the evidence's data fit is in residual form. ``Phi^T Phi`` and its
+    Cholesky are float64 whatever the model dtype: the network's float32 rows would lose the evidence's small
+    differences.
     For n beyond a few 10^5, use ``svdbk``.
 
     Args: those of :class:`DeepBasisModel`.

@@ -62,8 +62,8 @@ class GRIEF(FeatureSpaceGP):
     eigenfunctions, with w = 1 and the hyperparameters learned on the evidence, trained full batch.
 
     Each step rebuilds the d 1-D eigendecompositions, Algorithm 1, Phi [n, p] and ``A = Phi^T Phi``:
-    O(d mbar^3 + d n p + n p^2 + p^3) time and O(n p) memory (Phi is computed in checkpointed
-    chunks of ``chunk_size`` rows, so the autograd graph is held for one chunk at a time), and the evidence's data
+    O(d mbar^3 + d n p + n p^2 + p^3) time and O(n p) memory (Phi is computed in chunks of
+    ``chunk_size`` rows, whose graphs the backward pass rebuilds one at a time), and the evidence's data
     fit is taken in its cancellation-free residual form. The posterior is fitted in one streamed pass, O(chunk x p)
     memory, by Cholesky, and prediction needs only the cache (grid, selected eigenvectors, posterior), not the
     training data. Features and the p x p core are float64 whatever the model dtype: Phi is a sum of d logs.

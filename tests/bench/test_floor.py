@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from gpscale.bench.floor import FLOOR_CASES, FloorCase, count_flops, matmul_rate, measure
+from gpscale.bench.floor import (FLOOR_CASES, FloorCase, count_flops, count_flops_by_dtype, floor_seconds,
+                                  matmul_rate, measure)
 from gpscale.cli import main
 from gpscale.models import available_methods
 
@@ -23,6 +24,13 @@ def test_products_factorisations_and_solves_are_counted_by_their_textbook_flops(
     assert count_flops(lambda: torch.linalg.solve(A, R)) == 2 * 12**3 // 3 + 2 * 12 * 12 * 5
 
 
+def test_each_dtypes_flops_are_charged_at_that_dtypes_rate():
+    a32, b64 = torch.randn(30, 20), torch.randn(20, 10, dtype=F64)
+    flops = count_flops_by_dtype(lambda: (a32 @ a32.T, b64.T @ b64))
+    assert flops == {torch.float32: 2 * 30 * 20 * 30, torch.float64: 2 * 10 * 20 * 10}
+    assert floor_seconds(flops, {"float32": 1e9, "float64": 1e8}) == pytest.approx(36e3 / 1e9 + 4e3 / 1e8)
+
+
 def test_the_backward_pass_is_counted_too():
     a = torch.randn(30, 20, dtype=F64, requires_grad=True)
     b = torch.randn(20, 10, dtype=F64, requires_grad=True)
@@ -38,7 +46,8 @@ def test_every_gradient_trained_method_has_a_small_and_a_paper_size():
 @pytest.mark.parametrize("case", [FloorCase("svgp", 300, 3, {"n_inducing": 20}, 64),
                                   FloorCase("sgpr", 300, 3, {"n_inducing": 20})], ids=["minibatch", "full batch"])
 def test_a_measurement_gives_flops_seconds_and_their_ratio_for_each_phase(case):
-    row = measure(case, rate=matmul_rate(F64, size=256), repeats=2)
+    row = measure(case, {"float32": matmul_rate(torch.float32, size=256), "float64": matmul_rate(F64, size=256)},
+                  repeats=2)
     assert row["rows per step"] == (64 if case.method == "svgp" else 300)
     for phase in ("step", "posterior", "predict"):
         numbers = row[phase]

@@ -7,8 +7,10 @@ mode that counts them: every matrix product as torch counts it, plus the factori
 out (:data:`LINALG_FLOPS`). Element-wise work (exp, softmax, the distances after their one product) is not counted,
 so time spent on it shows as a ratio above 1.
 
-The floor is those FLOPs at this machine's matrix-product rate, measured in the same run and dtype (a square
-product of 2,048 rows, the best of five); the ratio is the best of several measured wall times over it. On a busy
+The floor is those FLOPs at this machine's matrix-product rate, measured in the same run (a square product of 2,048
+rows, the best of five) in float32 and float64: each operator's FLOPs at the rate of the dtype it computes in, so a
+float32 model's float64 cores count at the float64 rate. The ratio is the best of several measured wall times over
+the floor. On a busy
 machine both are slowed alike only roughly: compare ratios from one run.
 """
 from __future__ import annotations
@@ -30,7 +32,8 @@ from ..distributed import LOCAL
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
 
-__all__ = ["FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "matmul_rate", "measure",
+__all__ = ["FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "count_flops_by_dtype",
+           "floor_seconds", "matmul_rate", "measure",
            "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
@@ -95,13 +98,13 @@ LINALG_FLOPS = {
 
 
 class _FlopCounter(TorchDispatchMode):
-    """Adds up the FLOPs of every operator it sees that has a formula: torch's own (matrix products,
-    convolutions) and :data:`LINALG_FLOPS`. (torch's ``FlopCounterMode`` also tracks modules, which fails on
-    modules called under ``no_grad`` with inputs that require gradients.)"""
+    """Adds up, per dtype of the result, the FLOPs of every operator it sees that has a formula: torch's own
+    (matrix products, convolutions) and :data:`LINALG_FLOPS`. (torch's ``FlopCounterMode`` also tracks modules, which
+    fails on modules called under ``no_grad`` with inputs that require gradients.)"""
 
     def __init__(self):
         super().__init__()
-        self.flops = 0
+        self.flops: dict[torch.dtype, int] = {}
         self.formulas = {**flop_registry, **{op: shape_wrapper(f) for op, f in LINALG_FLOPS.items()}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -109,15 +112,27 @@ class _FlopCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         formula = self.formulas.get(func._overloadpacket)
         if formula is not None:
-            self.flops += int(formula(*args, **kwargs, out_val=out))
+            dtype = (out[0] if isinstance(out, (tuple, list)) else out).dtype
+            self.flops[dtype] = self.flops.get(dtype, 0) + int(formula(*args, **kwargs, out_val=out))
         return out
 
 
 def count_flops(fn) -> int:
     """The FLOPs of calling ``fn()`` once: products as torch counts them plus :data:`LINALG_FLOPS`."""
+    return sum(count_flops_by_dtype(fn).values())
+
+
+def count_flops_by_dtype(fn) -> dict[torch.dtype, int]:
+    """:func:`count_flops` split by the dtype each operator computes in (a float32 model's float64 cores apart)."""
     with _FlopCounter() as counter:
         fn()
     return counter.flops
+
+
+def floor_seconds(flops: dict[torch.dtype, int], rates: dict[str, float]) -> float:
+    """Each dtype's FLOPs at this machine's product rate in that dtype (``rates`` by dtype name; another dtype at
+    the slowest rate given)."""
+    return sum(f / rates.get(str(dtype).removeprefix("torch."), min(rates.values())) for dtype, f in flops.items())
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -181,8 +196,9 @@ def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     return step
 
 
-def measure(case: FloorCase, rate: float, repeats: int = 3) -> dict:
-    """FLOPs, floor and measured seconds of ``case``'s training step, posterior fit and prediction per row."""
+def measure(case: FloorCase, rates: dict[str, float], repeats: int = 3) -> dict:
+    """FLOPs, floor and measured seconds of ``case``'s training step, posterior fit and prediction per row; the
+    floor charges each dtype's FLOPs at its own rate in ``rates`` (float32 and float64, by name)."""
     model, X, y, g = random_problem(case.method, case.n, case.d, case.options, getattr(torch, case.dtype))
     rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
     train_step = trainer_step(model, g)
@@ -205,10 +221,12 @@ def measure(case: FloorCase, rate: float, repeats: int = 3) -> dict:
     step()  # warm-up
     for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
         model.train(name == "step")  # prediction reads the posterior the phase before it fitted
-        flops = count_flops(fn)
+        by_dtype = count_flops_by_dtype(fn)
+        flops, floor = sum(by_dtype.values()), floor_seconds(by_dtype, rates)
         seconds = best_seconds(fn, repeats)
-        out[name] = {"gflop": flops / per / 1e9, "floor_s": flops / per / rate, "seconds": seconds / per,
-                     "ratio": seconds * rate / flops if flops else math.inf}
+        out[name] = {"gflop": flops / per / 1e9, "floor_s": floor / per, "seconds": seconds / per,
+                     "ratio": seconds / floor if flops else math.inf,
+                     "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0}
     return out
 
 
@@ -254,15 +272,15 @@ def floor_table(rows: list[dict], rates: dict[str, float]) -> str:
     """The markdown table of :func:`measure`'s rows, with the rates they were measured against."""
     measured = ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s" for name, rate in rates.items())
     lines = [f"Matrix-product rate measured in the same run: {measured}.", "",
-             "| method | size | n | d | rows per step | dtype | step GFLOP | step floor | step | x floor | "
-             "posterior GFLOP | x floor | predict MFLOP/row | x floor |",
+             "| method | size | n | d | rows per step | dtype | step GFLOP (float64 share) | step floor | step | "
+             "x floor | posterior GFLOP | x floor | predict MFLOP/row | x floor |",
              "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, p, q = r["step"], r["posterior"], r["predict"]
         lines.append(f"| {r['method']} | {r['size']} | {r['n']:,} | {r['d']} | {r['rows per step']:,} | "
-                     f"{r['dtype']} | {s['gflop']:.3g} | {s['floor_s'] * 1e3:.3g} ms | {s['seconds'] * 1e3:.3g} ms | "
-                     f"{s['ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | {q['gflop'] * 1e3:.3g} | "
-                     f"{q['ratio']:.1f} |")
+                     f"{r['dtype']} | {s['gflop']:.3g} ({s['float64 share']:.0%}) | {s['floor_s'] * 1e3:.3g} ms | "
+                     f"{s['seconds'] * 1e3:.3g} ms | {s['ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | "
+                     f"{q['gflop'] * 1e3:.3g} | {q['ratio']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -275,11 +293,11 @@ def run_floor(out: str | Path, methods: list[str] | None = None, say=print) -> P
     if not cases:
         raise ValueError(f"no floor case for {', '.join(methods)}; the cases cover "
                          f"{', '.join(sorted({c.method for c in FLOOR_CASES}))}.")
-    rates = {name: matmul_rate(getattr(torch, name)) for name in sorted({c.dtype for c in cases})}
+    rates = {name: matmul_rate(getattr(torch, name)) for name in ("float32", "float64")}
     rows = []
     for case in cases:
         say(f"{case.method} ({case.size}) ...")
-        rows.append(measure(case, rates[case.dtype]))
+        rows.append(measure(case, rates))
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
                f"{torch.__version__}, gpscale {__version__}, {time.strftime('%Y-%m-%d')}")
     page = f"# FLOP floor\n\n{machine}.\n\n{floor_table(rows, rates)}"

@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=["auto", "float64", "float32"],
                    help="default: auto, float32 for the methods where it measured as accurate and faster "
-                        "(svgp, softki, hvgp, odvgp, odvff, svdbk, dbk), float64 for the others")
+                        "(svgp, softki, hvgp, odvgp, odvff, svdbk, dbk, conv-*), float64 for the others")
     p.add_argument("--device", default="cpu")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a method option, repeatable (e.g. --option solver=qr)")

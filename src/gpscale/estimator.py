@@ -457,8 +457,8 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     dtype : {"auto", "float64", "float32"} or a torch or numpy float dtype, default="auto"
         The dtype of the data-sized work; every m x m (or p x p) core and every solve runs in float64 whatever
         it is. "auto": float32 for the methods where it measured faster at the same accuracy (svgp, softki, hvgp,
-        odvgp, odvff, svdbk, dbk: :data:`gpscale.defaults.FLOAT32_METHODS`), float64 for the others; ``dtype_``
-        says which a fit used.
+        odvgp, odvff, svdbk, dbk and the convolutional models: :data:`gpscale.defaults.FLOAT32_METHODS`), float64
+        for the others; ``dtype_`` says which a fit used.
     device : str, default="cpu"
         Checked before any work: a CUDA device on a machine without one is an error.
     progress : bool, default=True

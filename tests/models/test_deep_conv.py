@@ -182,7 +182,7 @@ def test_a_two_layer_classifier_learns_where_the_square_is_and_saves(tmp_path):
     X, labels = square_images(60)
     clf = GPClassifier(method="deep-conv-hvgp", image_shape=(8, 8), filter_sizes=(3, 3), strides=(1, 1),
                        hidden_channels=2, hidden_inducing=8, n_inducing=8, max_steps=60, batch_size=32, lr=0.05,
-                       progress=False).fit(X, labels)
+                       dtype="float64", progress=False).fit(X, labels)  # float64: the mixture is checked to 1e-12
     assert clf.model_.likelihood.n_latent == 3 and len(clf.model_.hidden) == 1
     assert (clf.predict(X) == labels).mean() >= 0.85
     # the predictive averages the robust-max probabilities over the predict_samples draws of the hidden layer

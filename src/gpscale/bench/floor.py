@@ -10,8 +10,7 @@ so time spent on it shows as a ratio above 1.
 The floor is those FLOPs at this machine's matrix-product rate, measured in the same run (a square product of 2,048
 rows, the best of five) in float32 and float64: each operator's FLOPs at the rate of the dtype it computes in, so a
 float32 model's float64 cores count at the float64 rate. The ratio is the best of several measured wall times over
-the floor. On a busy
-machine both are slowed alike only roughly: compare ratios from one run.
+the floor. On a busy machine both are slowed alike only roughly: compare ratios from one run.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .device import check_failed
 
@@ -25,6 +26,10 @@ __all__ = [
     "cholesky_jitter",
     "solve",
     "solve_lower",
+    "whiten",
+    "tril_outer",
+    "tril_matmul",
+    "lower_transpose_product",
     "solve_upper",
     "cho_solve",
     "cholesky_inverse",
@@ -121,8 +126,119 @@ def solve(A: Tensor, B: Tensor) -> Tensor:
 
 
 def solve_lower(L: Tensor, B: Tensor) -> Tensor:
-    """``L^{-1} B`` for lower-triangular ``L`` [m, m] and ``B`` [m, k]."""
-    return torch.linalg.solve_triangular(L, B, upper=False)
+    """``L^{-1} B`` for lower-triangular ``L`` [..., m, m] and ``B`` [..., m, k], row-major.
+
+    Solved as ``(B^T L^{-T})^T``: LAPACK writes its result column-major, so ``L^{-1} B`` solved directly comes back
+    transposed in memory, and every element-wise operation that then mixes it with a row-major tensor of its shape
+    runs at a twentieth of its speed (0.76 ms against 0.03 ms for a 512 x 1,024 float32 product, two threads); the
+    transposed solve is also the faster one (2.0 against 3.4 ms for L [512, 512], B [512, 1,024])."""
+    return torch.linalg.solve_triangular(L.mT, B.mT, upper=True, left=False).mT
+
+
+def _block_edges(m: int) -> list[int]:
+    """Edges of the (at most four) row blocks of a triangular product: blocks of 128 rows or more, so that each
+    product stays efficient."""
+    k = max(1, min(4, m // 128))
+    return [round(i * m / k) for i in range(k + 1)]
+
+
+def tril_outer(X: Tensor, Y: Tensor) -> Tensor:
+    """``tril(X Y^T)`` [..., m, m] for X, Y [..., m, c], forming the lower blocks only (with four blocks, 10 of
+    16: 5/8 of the product's flops)."""
+    edges = _block_edges(X.shape[-2])
+    out = torch.zeros(*torch.broadcast_shapes(X.shape[:-2], Y.shape[:-2]), X.shape[-2], Y.shape[-2],
+                      dtype=X.dtype, device=X.device)
+    for a, b in zip(edges, edges[1:]):
+        torch.matmul(X[..., a:, :], Y[..., a:b, :].mT, out=out[..., a:, a:b])
+    return out.tril_()
+
+
+def tril_matmul(S: Tensor, B: Tensor) -> Tensor:
+    """``S B`` [..., m, c] for lower-triangular S [..., m, m] (upper triangle zero) and B [..., m, c], from the
+    lower blocks of S only (5/8 of the flops with four blocks)."""
+    edges = _block_edges(S.shape[-1])
+    out = torch.empty(*torch.broadcast_shapes(S.shape[:-2], B.shape[:-2]), S.shape[-2], B.shape[-1],
+                      dtype=B.dtype, device=B.device)
+    for a, b in zip(edges, edges[1:]):
+        torch.matmul(S[..., a:b, :b], B[..., :b, :], out=out[..., a:b, :])
+    return out
+
+
+class _LowerTransposeProduct(torch.autograd.Function):
+    """``S^T A`` for lower-triangular S (upper triangle zero), forward and backward from S's lower blocks only:
+    ``dA = S G``, ``dS = tril(A G^T)``."""
+
+    @staticmethod
+    def forward(ctx, S: Tensor, A: Tensor) -> Tensor:
+        ctx.save_for_backward(S, A)
+        edges = _block_edges(S.shape[-1])
+        out = torch.empty(*torch.broadcast_shapes(S.shape[:-2], A.shape[:-2]), S.shape[-1], A.shape[-1],
+                          dtype=A.dtype, device=A.device)
+        for a, b in zip(edges, edges[1:]):
+            torch.matmul(S[..., a:, a:b].mT, A[..., a:, :], out=out[..., a:b, :])
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G: Tensor):
+        S, A = ctx.saved_tensors
+        dS = tril_outer(A, G).sum_to_size(S.shape) if ctx.needs_input_grad[0] else None
+        dA = tril_matmul(S, G).sum_to_size(A.shape) if ctx.needs_input_grad[1] else None
+        return dS, dA
+
+
+def lower_transpose_product(S: Tensor, A: Tensor) -> Tensor:
+    """``S^T A`` [..., m, c] for lower-triangular ``S`` [..., m, m] whose upper triangle is zero (as a Cholesky
+    factor's, or ``tril`` of a parameter) and A [..., m, c], leading axes broadcast: the triangle of zeros is
+    skipped forward and backward, 5/8 of a dense product's flops with four blocks (at m = 512 and 1,024 columns,
+    2.1 against 2.8 ms forward, two threads, float32)."""
+    return _LowerTransposeProduct.apply(S, A)
+
+
+class _Whiten(torch.autograd.Function):
+    """``A = L^{-1} K`` for ``L`` the Cholesky factor of ``Kuu``, differentiable in K and in Kuu directly.
+
+    With ``G = dloss/dA``: ``dK = L^{-T} G``, and since ``dA = -Phi(L^{-1} dKuu L^{-T}) A`` (the Cholesky factor's
+    derivative, ``dL = L Phi(L^{-1} dKuu L^{-T})``, Phi taking the lower triangle and half the diagonal),
+
+        dKuu = -L^{-T} Phi(G A^T) L^{-1}   (symmetrised).
+
+    Autograd through the solve and then the factorisation forms the same matrix as ``L^{-T} Phi(L^T dL) L^{-1}``
+    with ``dL = -tril(L^{-T} G A^T)``: one m^3 product more (``L^T dL``, since ``L^T L^{-T} = I``). The backward
+    runs in K's dtype: its inputs G and A carry K's precision, which no float64 solve restores, so a float32
+    model's gradient costs float32 solves (the factorisation itself stays float64)."""
+
+    @staticmethod
+    def forward(ctx, K: Tensor, Kuu: Tensor, L: Tensor) -> Tensor:
+        L = L.to(K.dtype)
+        A = solve_lower(L, K)
+        ctx.save_for_backward(L, A)
+        ctx.Kuu_dtype = Kuu.dtype
+        return A
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G: Tensor):
+        L, A = ctx.saved_tensors
+        dK = dKuu = None
+        if ctx.needs_input_grad[0]:
+            dK = torch.linalg.solve_triangular(L, G.mT, upper=False, left=False).mT  # (G^T L^{-1})^T, row-major
+        if ctx.needs_input_grad[1]:
+            Phi = tril_outer(G, A)
+            Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
+            dKuu = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L.mT, Phi, upper=True), upper=False,
+                                                 left=False)
+            dKuu = (dKuu.mT + dKuu).mul_(-0.5).to(ctx.Kuu_dtype)  # row-major, as the kernel's backward reads
+        return dK, dKuu, None
+
+
+def whiten(K: Tensor, L: Tensor, Kuu: Tensor | None = None) -> Tensor:
+    """``L^{-1} K`` [..., m, k] in K's dtype for the lower Cholesky factor ``L`` of ``Kuu`` [..., m, m]; given
+    ``Kuu`` (the very matrix L factors, with its graph; L then carries none), the gradient reaches Kuu directly,
+    one m^3 product cheaper than through the factorisation (see :class:`_Whiten`)."""
+    if Kuu is None or not torch.is_grad_enabled():
+        return solve_lower(L.to(K.dtype), K)
+    return _Whiten.apply(K, Kuu, L.detach())
 
 
 def solve_upper(U: Tensor, B: Tensor) -> Tensor:

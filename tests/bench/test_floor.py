@@ -20,6 +20,7 @@ def test_products_factorisations_and_solves_are_counted_by_their_textbook_flops(
     assert count_flops(lambda: torch.linalg.cholesky(A)) == 12**3 // 3
     R = torch.randn(12, 5, dtype=F64)
     assert count_flops(lambda: torch.linalg.solve_triangular(L, R, upper=False)) == 12 * 12 * 5
+    assert count_flops(lambda: torch.linalg.solve_triangular(L.T, R.T, upper=True, left=False)) == 12 * 12 * 5
     assert count_flops(lambda: torch.cholesky_solve(R, L)) == 2 * 12 * 12 * 5
     assert count_flops(lambda: torch.linalg.solve(A, R)) == 2 * 12**3 // 3 + 2 * 12 * 12 * 5
 

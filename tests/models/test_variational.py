@@ -90,6 +90,38 @@ def test_a_steps_loss_takes_the_kernel_matrices_of_its_natural_gradient_step_and
             torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-14, msg=name)
 
 
+def _reference_loss(model, X, y, num_data):
+    """The whitened SVGP's -ELBO / n written out with torch's own factorisation and solve, autograd through both."""
+    Kuu = model.features.Kuu().to(F64) + model.jitter * torch.eye(model.n_inducing, dtype=F64)
+    A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu), model.features.Kuf(X), upper=False)
+    q_mu, q_sqrt = model.q_for_loss()
+    mean = A.T @ q_mu
+    var = model.features.Kff_diag(X) - (A * A).sum(0) + ((q_sqrt.T @ A) ** 2).sum(0)
+    expected = model.likelihood.expected_log_prob(y, mean, var).sum()
+    return -(num_data / X.shape[0] * expected - model.prior_kl(q_mu, q_sqrt)) / num_data
+
+
+@pytest.mark.parametrize("natural_gradients", [False, True])
+def test_the_whitened_loss_has_the_gradients_of_autograd_through_the_factorisation(data, natural_gradients):
+    """The loss routes K_uu's gradient past its Cholesky factor (linalg.whiten) and skips S's zero triangle
+    (linalg.lower_transpose_product); every gradient is autograd's through torch's factorisation and solve."""
+    X, y = data[0][:10], data[1][:10]  # the conditional's path (ten rows), not the projection
+    model, _ = pair(X, y, m=9, natural_gradients=natural_gradients)
+    if natural_gradients:
+        model.natural_gradient_step(X, y, 60)
+    loss = model.loss(X, y, 60)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ours = torch.autograd.grad(loss, params, allow_unused=True)
+    reference_loss = _reference_loss(model, X, y, 60)
+    reference = torch.autograd.grad(reference_loss, params, allow_unused=True)
+    torch.testing.assert_close(loss, reference_loss, rtol=1e-12, atol=0)
+    for (name, _), a, b in zip(model.named_parameters(), ours, reference):
+        if a is None or b is None:
+            assert a is None and b is None, name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
+
+
 def test_a_kernel_matrix_of_the_natural_gradient_step_is_not_taken_after_a_hyperparameter_moved(data):
     X, y = data
     model, _ = pair(X, y)

@@ -54,9 +54,9 @@ def _cholesky(A, *args, out_shape=None, **kwargs) -> int:
     return _batch(A) * m**3 // 3
 
 
-def _triangular_solve(A, B, *args, out_shape=None, **kwargs) -> int:  # linalg_solve_triangular(A, B)
+def _triangular_solve(A, B, *args, out_shape=None, left=True, **kwargs) -> int:  # A^{-1} B, or B A^{-1}
     m = A[-1]
-    return _batch(B) * m * m * B[-1]
+    return _batch(B) * m * m * (B[-1] if left else B[-2])
 
 
 def _cholesky_solve(B, L, *args, out_shape=None, **kwargs) -> int:

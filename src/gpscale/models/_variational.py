@@ -29,12 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import CORE, cholesky, cholesky_inverse, solve_lower
+from ..linalg import (CORE, cholesky, cholesky_inverse, lower_transpose_product, solve_lower, tril_outer,
+                      whiten)
 from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
 from .base import GPModel, PredictiveFactors
-from .inducing import jittered_cholesky
+from .inducing import add_jitter, jittered_cholesky
 
 __all__ = ["VariationalGP"]
 
@@ -144,6 +145,8 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL, share: float = 1.0) -> Tensor:
         # a sum over the batch's rows plus a term of the parameters: each process's part is its rows' estimate
+        if self._step_kernels is None:  # no natural-gradient step opened it: the loss's own matrices, each once
+            self.open_step(X)
         try:
             return -self.elbo(X, y, num_data, *self.q_for_loss()) / num_data
         finally:  # the step's kernel matrices serve this loss only (see step_shared)
@@ -158,8 +161,13 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     # --- whitened q ---------------------------------------------------------------------------------------
     def Lu(self) -> Tensor:
-        """Cholesky factor of Kuu + jitter I [m, m] (or [T, m, m]), float64; shared within a training step."""
-        return self.step_shared("Lu", None, lambda: self.cholesky_Kuu(self.features.Kuu()))
+        """Cholesky factor of :meth:`jittered_Kuu` [m, m] (or [T, m, m]), float64; shared within a training
+        step."""
+        return self.step_shared("Lu", None, lambda: cholesky(self.jittered_Kuu(), what="inducing covariance Kuu"))
+
+    def jittered_Kuu(self) -> Tensor:
+        """``Kuu + jitter I`` [(T,) m, m] in float64, the matrix :meth:`Lu` factors; shared within a training step."""
+        return self.step_shared("Kuu+jitter", None, lambda: add_jitter(self.features.Kuu(), self.jitter))
 
     def cholesky_Kuu(self, Kuu: Tensor) -> Tensor:
         """The Cholesky factor of ``Kuu + jitter I`` [..., m, m] in float64."""
@@ -172,7 +180,12 @@ class VariationalGP(UnwhitenedQ, GPModel):
         return self.marginals(Kff_diag, *self.whitened_moments(self.whitened_Kuf(X, Lu, Kuf), q_mu, q_sqrt))
 
     def whitened_Kuf(self, X: Tensor, Lu: Tensor, Kuf: Tensor) -> Tensor:
-        """``A = L^{-1} Kuf`` [(T,) m, c] in X's dtype, shared within a training step (:meth:`step_shared`)."""
+        """``A = L^{-1} Kuf`` [(T,) m, c] in X's dtype, shared within a training step (:meth:`step_shared`). With
+        the training step's factor (:meth:`Lu`, which carries a graph), the gradient goes to :meth:`jittered_Kuu`
+        by :func:`~gpscale.linalg.whiten`, not through the factorisation (a jitter the factorisation had to add
+        counts as a constant)."""
+        if Lu.requires_grad:
+            return self.step_shared("A", X, lambda: whiten(Kuf, Lu, self.jittered_Kuu()))
         return self.step_shared("A", X, lambda: solve_lower(Lu.to(X.dtype), Kuf))
 
     def batch_kernels(self, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -181,22 +194,24 @@ class VariationalGP(UnwhitenedQ, GPModel):
                 self.step_shared("Kff_diag", X, lambda: self.features.Kff_diag(X)))
 
     def open_step(self, X: Tensor) -> None:
-        """Start sharing kernel matrices between this step's natural-gradient step and its loss (on the batch X)."""
+        """Start sharing kernel matrices within a training step on the batch X: between its natural-gradient step,
+        which opens it, and its loss (which opens it when no natural-gradient step did)."""
         self._step_kernels = {"X": X, "versions": self._kernel_versions(X)} if torch.is_grad_enabled() else None
 
     def step_shared(self, name: str, X: Tensor | None, compute) -> Tensor:
         """The matrix ``name``, ``compute()``, of the batch X (None: of the parameters alone), formed once a training
         step: the natural-gradient step (which opens the step, :meth:`open_step`) forms it with its graph, and the
         loss of the same step takes it instead of forming it again; only q moved in between, and no kernel matrix
-        depends on q. A matrix is taken only for the step's very batch tensor, unchanged, with every other parameter
-        unchanged since (their version counters say so), with gradients enabled; else it is formed here.
+        depends on q; within the loss, a matrix two of its terms read (K_uu + jitter I, its factor) is formed once.
+        A matrix is taken only for the step's very batch tensor, unchanged, with every other parameter unchanged
+        since (their version counters say so), with gradients enabled; else the step is opened anew here.
         :meth:`loss` ends the step."""
         memo = self._step_kernels
         if memo is None or not torch.is_grad_enabled():
             return compute()
         if (X is not None and memo["X"] is not X) or memo["versions"] != self._kernel_versions(memo["X"]):
-            self._step_kernels = None
-            return compute()
+            self.open_step(memo["X"] if X is None else X)  # what the step formed is stale: share anew from here
+            memo = self._step_kernels
         if name not in memo:
             memo[name] = compute()
         return memo[name]
@@ -211,7 +226,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         if self.n_latent > 1:
             A = A.unsqueeze(-3)  # shared by the C latent functions: [(T,) 1, m, c]
         mean = (A * q_mu.to(A.dtype).unsqueeze(-1)).sum(-2)  # [(T,) (C,) c]
-        SA = q_sqrt.to(A.dtype).mT @ A  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
+        SA = lower_transpose_product(q_sqrt.to(A.dtype), A)  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
         moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2))
         return moments if self.blocks is None else tuple(t.sum(0) for t in moments)
 
@@ -281,7 +296,8 @@ class VariationalGP(UnwhitenedQ, GPModel):
             if self.n_latent > 1:
                 A = A.unsqueeze(-3)  # shared by the C latent functions
             g_m = share * (A * g_mean.to(A.dtype).unsqueeze(-2)).sum(-1).to(CORE)  # [(T,) (C,) m]
-            data_term = ((A * (share * g_var).to(A.dtype).unsqueeze(-2)) @ A.mT).to(CORE)  # [(T,) (C,) m, m]
+            lower = tril_outer(A * (share * g_var).to(A.dtype).unsqueeze(-2), A)  # of the symmetric A diag(g) A^T
+            data_term = (lower + lower.tril(-1).mT).to(CORE)  # [(T,) (C,) m, m]
         else:  # none of the global batch's rows are here
             g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
         g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient

@@ -15,16 +15,21 @@ from ..kernels import Kernel
 from ..linalg import CORE, cholesky
 from ..operators import BlockDiagonal, DenseSPD
 
-__all__ = ["InducingFeatures", "InducingPoints", "StackedFeatures", "jittered_cholesky", "kmeans_centers"]
+__all__ = ["InducingFeatures", "InducingPoints", "StackedFeatures", "add_jitter", "jittered_cholesky",
+           "kmeans_centers"]
+
+
+def add_jitter(Kuu: Tensor, jitter: float) -> Tensor:
+    """``Kuu + jitter I`` [..., m, m] in float64: ``jitter`` is absolute (the kernel's units), the one convention of
+    every inducing covariance in gpscale."""
+    Kuu = Kuu.to(CORE)
+    return Kuu + jitter * torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
 
 
 def jittered_cholesky(Kuu: Tensor, jitter: float) -> Tensor:
-    """The lower Cholesky factor of ``Kuu + jitter I`` [..., m, m] in float64: ``jitter`` is absolute (the
-    kernel's units), the one convention of every inducing covariance in gpscale; :func:`~gpscale.linalg.cholesky`
-    adds more only if the factorisation fails, and warns."""
-    Kuu = Kuu.to(CORE)
-    eye = torch.eye(Kuu.shape[-1], dtype=CORE, device=Kuu.device)
-    return cholesky(Kuu + jitter * eye, what="inducing covariance Kuu")
+    """The lower Cholesky factor of :func:`add_jitter` ``(Kuu, jitter)`` [..., m, m] in float64;
+    :func:`~gpscale.linalg.cholesky` adds more only if the factorisation fails, and warns."""
+    return cholesky(add_jitter(Kuu, jitter), what="inducing covariance Kuu")
 
 
 class InducingFeatures(nn.Module):

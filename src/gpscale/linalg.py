@@ -23,7 +23,6 @@ __all__ = [
     "NotPSDError",
     "NumericalWarning",
     "cholesky",
-    "cholesky_jitter",
     "solve",
     "solve_lower",
     "whiten",
@@ -68,51 +67,34 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     Whether the first try succeeded is one read on the host (:func:`gpscale.device.check_failed`); inside
     :func:`gpscale.device.deferred_checks` it is deferred, and the first try's factor is returned as if it had.
     """
-    return cholesky_jitter(A, jitter=jitter, max_tries=max_tries, what=what)[0]
-
-
-def cholesky_jitter(A: Tensor, *, start: float = 0.0, jitter: float = 1e-8, max_tries: int = 4,
-                    what: str = "matrix") -> tuple[Tensor, float]:
-    """:func:`cholesky` of ``A + start * mean(diag(A)) I``, and the jitter it took in the end, relative to the mean
-    diagonal (``start``, or more if that failed; 0.0 when none): a failed first try escalates through the rungs
-    ``jitter * 10**i`` above ``start`` (or, above them all, one rung of ``10 * start``).
-
-    A training loop whose matrix needed jitter at one step (inducing points on duplicated rows make K_uu singular
-    at every step) passes the returned jitter as the next step's ``start``: one factorisation a step instead of
-    ``max_tries + 1``, and one warning, not one every step.
-    """
-    def jittered(level: float) -> Tensor:
-        if not level:
-            return A
-        scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
-        return A + (level * scale).unsqueeze(-1) * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-
-    L, info = torch.linalg.cholesky_ex(jittered(start))
+    L, info = torch.linalg.cholesky_ex(A)
     # a NaN or inf in the triangle the factorisation reads stops it (info > 0) or leaves a non-finite diagonal:
     # checking those m numbers, not all m^2 of A, took a fifth of the time of a 512 x 512 factorisation
     if not check_failed(info.ne(0).any() | ~torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all()):
-        return L, start
+        return L
     if not torch.isfinite(A).all():
         bad = (~torch.isfinite(A)).sum().item()
         raise NotPSDError(
             f"The {what} ({tuple(A.shape)}) has {bad} NaN/inf entries, so it has no Cholesky factor. This usually "
             "means the training diverged: lower the learning rate, or use dtype='float64'."
         )
-    rungs = [level for level in (jitter * 10**i for i in range(max_tries)) if level > start] or [10 * start]
-    for level in rungs:
-        L, info = torch.linalg.cholesky_ex(jittered(level))
+    scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    for i in range(max_tries):
+        level = jitter * 10**i
+        L, info = torch.linalg.cholesky_ex(A + (level * scale).unsqueeze(-1) * eye)
         if not info.any():
             warnings.warn(
                 f"The {what} ({tuple(A.shape)}) was not positive definite; added jitter of "
                 f"{level:.1e} x its mean diagonal.",
                 NumericalWarning,
-                stacklevel=3,
+                stacklevel=2,
             )
-            return L, level
+            return L
     raise NotPSDError(
         f"The {what} ({tuple(A.shape)}) is not positive definite, even after adding jitter up to "
-        f"{rungs[-1]:.1e} x its mean diagonal. Try a larger noise floor, fewer inducing points (or inducing points "
-        "further apart), or dtype='float64'."
+        f"{jitter * 10 ** (max_tries - 1):.1e} x its mean diagonal. Try a larger noise floor, fewer inducing points "
+        "(or inducing points further apart), or dtype='float64'."
     )
 
 

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
-from ..linalg import CORE, cholesky, cholesky_jitter, solve
+from ..linalg import CORE, cholesky, solve
 from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from .base import register
@@ -58,18 +58,20 @@ def softmax_weights(X: Tensor, Z: Tensor) -> Tensor:
     return torch.softmax(-sq.clamp_min(1e-12).sqrt(), dim=-1)
 
 
-def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor, Lzz: Tensor | None = None) -> Tensor:
+def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor) -> Tensor:
     """``Sigma^{-1} R`` for the batch covariance ``Sigma = W K_zz W^T + beta^2 I`` [B, B] and R [B, k], without
     gradients, in whichever form costs fewer flops.
 
-    With m < B, the m x m form (Woodbury): with ``K_zz = L L^T`` and ``Phi = W L`` [B, m],
+    With m < B, the m x m form (Woodbury, with ``(beta^2 K_zz^{-1} + G)^{-1} = K_zz (beta^2 I + G K_zz)^{-1}``):
 
-        Sigma^{-1} R = (R - Phi A^{-1} Phi^T R) / beta^2,     A = beta^2 I + Phi^T Phi   [m, m],
+        Sigma^{-1} R = (R - W K_zz x) / beta^2,     (beta^2 I + G K_zz) x = W^T R,     G = W^T W   [m, m],
 
-    about 4 B m^2 + 2 m^3 / 3 flops (Phi, Phi^T Phi, two Choleskys) against the dense form's 2 B m^2 + 2 B^2 m +
-    2 B^3 / 3 (Sigma, then its LU): 1.2 against 2.3 GFLOP at m = 512, B = 1,024. The m x m factors are float64
-    (CORE), which also makes it the more accurate form in float32. With m >= B, Sigma is formed and solved.
-    ``Lzz``, K_zz's lower Cholesky factor in float64, saves factoring K_zz here.
+    about 2 B m^2 + 2 m^3 + 2 m^3 / 3 flops (G, G K_zz, an LU) against the dense form's 2 B m^2 + 2 B^2 m +
+    2 B^3 / 3 (Sigma, then its LU): 0.9 against 2.3 GFLOP at m = 512, B = 1,024. K_zz is never factored: ``beta^2 I +
+    G K_zz`` has the eigenvalues of ``beta^2 I + K_zz^{1/2} G K_zz^{1/2}``, all at least beta^2, so it is
+    non-singular, with no jitter, even where K_zz is singular (k-means centres on duplicated rows, as on
+    keggundirected). Its LU is float64 (CORE); G and G K_zz are formed in W's dtype. With m >= B, Sigma is formed and
+    solved.
     """
     B, m = W.shape
     noise = noise.to(W.dtype)
@@ -77,16 +79,13 @@ def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor, Lzz
         Sigma = W @ Kzz @ W.T
         Sigma.diagonal().add_(noise)
         return solve(Sigma, R)
-    L = cholesky(Kzz.to(CORE), what="interpolation-point covariance K_zz") if Lzz is None else Lzz
-    Phi = W @ L.to(W.dtype)  # [B, m]
-    A = (Phi.T @ Phi).to(CORE)
-    A.diagonal().add_(noise.to(CORE))
-    coefficients = torch.cholesky_solve((Phi.T @ R).to(CORE), cholesky(A, what="capacitance matrix")).to(W.dtype)
-    return (R - Phi @ coefficients) / noise
+    M = ((W.T @ W) @ Kzz).to(CORE)
+    M.diagonal().add_(noise.to(CORE))
+    x = solve(M, (W.T @ R).to(CORE)).to(W.dtype)
+    return (R - W @ (Kzz @ x)) / noise
 
 
-def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: Tensor, probes: Tensor,
-                                     Lzz: Tensor | None = None) -> Tensor:
+def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: Tensor, probes: Tensor) -> Tensor:
     """The Hutchinson pseudo-log-likelihood of Maddox et al. (2022), sign-corrected (erratum 1), for
     ``Sigma = W K_zz W^T + beta^2 I``:
 
@@ -106,16 +105,16 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
         noise: beta^2, a scalar tensor.
         y: [B] targets.
         probes: [B, L] probe vectors with ``E[a a^T] = I`` (standard normal; NOT unit-norm, erratum 2).
-        Lzz: K_zz's lower Cholesky factor (float64) for the solve, if the caller has it.
     """
     L = probes.shape[1]
     noise = noise.to(W.dtype)
     with torch.no_grad():
         # detached: letting gradients flow through Sigma^{-1} flips the sign of the gradient
-        solves = batch_covariance_solve(W, Kzz, noise, torch.cat([y.unsqueeze(-1), probes], dim=1), Lzz)  # [B, L+1]
+        solves = batch_covariance_solve(W, Kzz, noise, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
     # column 0 pairs b_0 with b_0, column j pairs b_j with a_j
     partners = torch.cat([solves[:, :1], probes], dim=1)  # [B, L + 1]
-    forms = ((W.T @ solves) * (Kzz @ (W.T @ partners))).sum(0) + noise * (solves * partners).sum(0)  # [L + 1]
+    projected = W.T @ torch.cat([solves, partners], dim=1)  # one pass over W for both: [m, 2 (L + 1)]
+    forms = (projected[:, : L + 1] * (Kzz @ projected[:, L + 1:])).sum(0) + noise * (solves * partners).sum(0)
     return 0.5 * forms[0] - forms[1:].sum() / (2 * L)
 
 
@@ -170,9 +169,6 @@ class SoftKI(FeatureSpaceGP):
         check_options({"n_inducing": n_inducing, "n_probes": n_probes})
         self.n_inducing = int(n_inducing)
         self.n_probes = int(n_probes)
-        # the jitter K_zz's factorisation last needed in training, tried first at the next step (cholesky_jitter):
-        # k-means centres on duplicated rows make K_zz singular at every step
-        self._Kzz_jitter = 0.0
         self.Z = nn.Parameter(torch.zeros(self.n_inducing, self.n_features))
         if learn_temperature:
             self.raw_temperature = nn.Parameter(
@@ -182,7 +178,6 @@ class SoftKI(FeatureSpaceGP):
 
     # --- the model ------------------------------------------------------------------------------------------
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        self._Kzz_jitter = 0.0
         with torch.no_grad():
             # with a temperature, Z lives in the space of x / T; T starts at 1, where that space is the input's
             self.Z.copy_(kmeans_centers(X, self.n_inducing, seed))
@@ -220,10 +215,4 @@ class SoftKI(FeatureSpaceGP):
         division by B makes it a per-point objective.
         """
         probes = torch.randn(X.shape[0], self.n_probes, dtype=X.dtype, device=X.device)
-        Kzz = self.Kzz()
-        Lzz = None
-        if self.n_inducing < X.shape[0]:  # the solve's m x m form (batch_covariance_solve) needs K_zz's factor
-            with torch.no_grad():
-                Lzz, self._Kzz_jitter = cholesky_jitter(Kzz.to(CORE), start=self._Kzz_jitter,
-                                                        what="interpolation-point covariance K_zz")
-        return -hutchinson_pseudo_log_likelihood(self.weights(X), Kzz, self.noise, y, probes, Lzz) / X.shape[0]
+        return -hutchinson_pseudo_log_likelihood(self.weights(X), self.Kzz(), self.noise, y, probes) / X.shape[0]

@@ -119,6 +119,19 @@ def test_5_weights_and_gradients_are_finite_at_coincident_and_far_points(setting
     assert softmax_weights(X, torch.cat([X[:1], Z[1:]]))[0].argmax() == 0
 
 
+def test_the_weights_closed_form_backward_is_autograds_through_the_expression(setting):
+    X, _, Z, _ = setting
+    Zq = torch.cat([X[:2], Z[2:]]).requires_grad_(True)  # two centres on data points: the clamp's zero gradient
+    Xq = X.clone().requires_grad_(True)
+    G = torch.randn(X.shape[0], Z.shape[0], generator=torch.Generator().manual_seed(7), dtype=F64)
+    clamped = ((Xq[:, None, :] - Zq[None, :, :]) ** 2).sum(-1).clamp_min(softki_module.MIN_SQ_DIST).sqrt()
+    ours = torch.autograd.grad((softmax_weights(Xq, Zq) * G).sum(), [Xq, Zq])
+    reference = torch.autograd.grad((torch.softmax(-clamped, -1) * G).sum(), [Xq, Zq])
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(softmax_weights, (X[2:9].clone().requires_grad_(), Z[2:].clone().requires_grad_()))
+
+
 # --- kernel (item 6) --------------------------------------------------------------------------------------
 def test_6_softki_kernel_is_psd_low_rank_and_bounded(setting):
     X, _, Z, _ = setting

@@ -122,6 +122,25 @@ def test_the_whitened_loss_has_the_gradients_of_autograd_through_the_factorisati
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=name)
 
 
+def test_a_whitened_natural_gradient_step_takes_the_precision_the_last_one_formed(data):
+    X, y = data
+    cached, _ = pair(X, y)
+    fresh, _ = pair(X, y)
+    for model in (cached, fresh):
+        model.natural_gradient_step(X[:20], y[:20], 60)
+    L = cached.q_sqrt.detach()
+    assert cached._S_inverse(L) is cached._precision[1]
+    torch.testing.assert_close(cached._precision[1], torch.cholesky_inverse(L), rtol=1e-9, atol=1e-9)
+    del fresh._precision  # the second step forms S^{-1} from L
+    for model in (cached, fresh):
+        model.natural_gradient_step(X[20:40], y[20:40], 60)
+    torch.testing.assert_close(cached.q_mu, fresh.q_mu, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(cached.q_sqrt, fresh.q_sqrt, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():
+        cached.q_sqrt_raw.mul_(2.0)  # anything that writes q's factor makes the remembered precision stale
+    assert cached._S_inverse(cached.q_sqrt.detach()) is not cached._precision[1]
+
+
 def test_a_kernel_matrix_of_the_natural_gradient_step_is_not_taken_after_a_hyperparameter_moved(data):
     X, y = data
     model, _ = pair(X, y)

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import (CORE, cholesky, cholesky_inverse, lower_transpose_product, solve_lower, tril_outer,
-                      whiten)
+from ..linalg import CORE, cholesky, lower_transpose_product, solve_lower, tril_outer, whiten
 from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
@@ -269,8 +268,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
                 return
             self.q_mu.copy_(step[0].to(self.q_mu))
             self.q_sqrt_raw.copy_(step[1].to(self.q_sqrt_raw))
-            if not self.whiten:  # S^{-1} for the next step, while nothing else writes to L
-                self._precision = (self._q_sqrt_state(), step[2])
+            self._precision = (self._q_sqrt_state(), step[2])  # S^{-1} for the next step, while nothing else writes L
 
     def _whitened_gradients(self, X, y, num_data, comm, share):
         """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``.
@@ -302,7 +300,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
             g_m, data_term = torch.zeros_like(m), torch.zeros_like(L)
         g_m, data_term = comm.all_reduce_sum(g_m) - m, comm.all_reduce_sum(data_term)  # - m: the KL's gradient
         eye = torch.eye(m.shape[-1], dtype=CORE, device=m.device)
-        return m, L, g_m, data_term, eye, cholesky_inverse(L)
+        return m, L, g_m, data_term, eye, self._S_inverse(L)
 
     # --- posterior ----------------------------------------------------------------------------------------
     @torch.no_grad()

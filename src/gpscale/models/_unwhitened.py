@@ -114,7 +114,7 @@ class UnwhitenedQ:
         """S^{-1} [M, M] (float64): the precision the last natural-gradient step factored, while nothing has
         written to L since (its version counter says so), which saves a cholesky_inverse (2/3 M^3 flops) per
         step; otherwise from L."""
-        state, precision = getattr(self, "_precision", (None, None))
+        state, precision = getattr(self, "_precision", None) or (None, None)
         return precision if state == self._q_sqrt_state() else cholesky_inverse(L)
 
     def unwhitened_posterior(self) -> dict[str, Tensor]:

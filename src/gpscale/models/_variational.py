@@ -270,6 +270,12 @@ class VariationalGP(UnwhitenedQ, GPModel):
             self.q_sqrt_raw.copy_(step[1].to(self.q_sqrt_raw))
             self._precision = (self._q_sqrt_state(), step[2])  # S^{-1} for the next step, while nothing else writes L
 
+    def train(self, mode: bool = True):
+        # each epoch (fit calls train() at its start) forms S^{-1} afresh from q, as a fit resumed from the epoch's
+        # checkpoint does, which must reach the same model to the bit; within an epoch, steps pass it on
+        self._precision = None
+        return super().train(mode)
+
     def _whitened_gradients(self, X, y, num_data, comm, share):
         """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``.
         The batch's terms are formed in its dtype, as the loss forms them (A, with its graph, is the loss's own:

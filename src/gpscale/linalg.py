@@ -25,7 +25,6 @@ __all__ = [
     "cholesky",
     "solve",
     "solve_lower",
-    "solve_lower_rows",
     "whiten",
     "tril_outer",
     "tril_matmul",
@@ -154,36 +153,6 @@ def solve_lower(L: Tensor, B: Tensor) -> Tensor:
     if torch.is_grad_enabled() and (L.requires_grad or B.requires_grad):
         return _SolveLower.apply(L, B)
     return _solve_lower(L, B)
-
-
-class _SolveLowerRows(torch.autograd.Function):
-    """``Phi = Psi L^{-T}`` (rows ``(L^{-1} psi)^T``) with forward and backward row-major: LAPACK solves a
-    column-major right-hand side in place, and the transpose of a row-major Psi is one. ``dPsi = G L^{-1}``,
-    ``dL = -tril(dPsi^T Phi)``."""
-
-    @staticmethod
-    def forward(ctx, Psi: Tensor, L: Tensor) -> Tensor:
-        Phi = _row_major(torch.linalg.solve_triangular(L, Psi.mT, upper=False).mT)
-        ctx.save_for_backward(L, Phi)
-        ctx.Psi_shape = Psi.shape
-        return Phi
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, G: Tensor):
-        L, Phi = ctx.saved_tensors
-        dPsi = _row_major(torch.linalg.solve_triangular(L.mT, G.mT, upper=True).mT)
-        dL = tril_outer(dPsi.mT, Phi.mT).neg_().sum_to_size(L.shape) if ctx.needs_input_grad[1] else None
-        return dPsi.sum_to_size(ctx.Psi_shape) if ctx.needs_input_grad[0] else None, dL
-
-
-def solve_lower_rows(Psi: Tensor, L: Tensor) -> Tensor:
-    """``Psi L^{-T}`` [..., c, m] for rows Psi [..., c, m] and lower-triangular L [..., m, m]: each row is
-    ``(L^{-1} psi)^T``, as ``solve_lower(L, Psi^T)^T``, but row-major, and so is its gradient (see
-    :func:`solve_lower`)."""
-    if torch.is_grad_enabled() and (L.requires_grad or Psi.requires_grad):
-        return _SolveLowerRows.apply(Psi, L)
-    return _row_major(torch.linalg.solve_triangular(L, Psi.mT, upper=False).mT)
 
 
 def solve_upper(U: Tensor, B: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
-from ..linalg import CORE, cholesky, solve_lower, solve_lower_rows
+from ..linalg import CORE, cholesky, solve_lower
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, collapse_cholesky, collapse_qr,
                             evidence_maximising_noise, log_evidence, residual_quad, weight_space_factors)
 from .base import GPModel, PredictiveFactors
@@ -46,7 +46,7 @@ class Features:
     def __call__(self, X: Tensor) -> Tensor:
         """Phi [c, r] for X [c, d]."""
         Psi = self.raw(X)
-        return Psi if self.whiten is None else solve_lower_rows(Psi, self.whiten.to(X.dtype))
+        return Psi if self.whiten is None else solve_lower(self.whiten.to(X.dtype), Psi.T).T
 
 
 # --- the engine --------------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class CollapsedGP(FeatureSpaceGP):
 
     def feature_map(self, state: dict[str, Tensor]) -> Features:
         """``x -> L^{-1} k_u(x)``, whitened on the core by the Cholesky solver (computed in the data dtype)."""
-        return Features(lambda X: self.features.Kfu(X).to(X.dtype), whiten=state["Lu"])
+        return Features(lambda X: self.features.Kuf(X).to(X.dtype).T, whiten=state["Lu"])
 
     def prior_variance(self, X: Tensor) -> Tensor:
         return self.features.Kff_diag(X)

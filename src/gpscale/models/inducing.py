@@ -49,11 +49,6 @@ class InducingFeatures(nn.Module):
         """[c]"""
         raise NotImplementedError
 
-    def Kfu(self, X: Tensor) -> Tensor:
-        """``Kuf(X)^T`` [c, m]; features that can form it row-major override this, so that element-wise work on its
-        gradient does not mix layouts."""
-        return self.Kuf(X).T
-
     def Kuu_operator(self, jitter: float = 0.0):
         """Kuu (float64) as an operator with ``solve``, ``logdet``, ``to_dense`` (:mod:`gpscale.operators`).
         Default: dense, through its Cholesky factor, with ``jitter`` on the diagonal; structured features override
@@ -77,9 +72,6 @@ class InducingPoints(InducingFeatures):
 
     def Kuf(self, X: Tensor) -> Tensor:
         return self.kernel(self.Z, X)
-
-    def Kfu(self, X: Tensor) -> Tensor:
-        return self.kernel(X, self.Z)
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)

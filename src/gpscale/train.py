@@ -572,7 +572,7 @@ def _speculate(run: Callable[[], Tensor], comm: Comm) -> tuple[float, bool]:
 def _undoer(model: GPModel, optimiser, device: torch.device) -> Callable[[], None]:
     """A function that puts back, as they are now, what an epoch changes: the model's parameters and buffers, the
     optimiser's state, and the random state that losses draw from (SoftKI's probes, the softmax likelihood's Monte
-    Carlo). A cache keyed on a parameter's version (the unwhitened q's precision) sees the restored parameter as new
+    Carlo). A cache keyed on a parameter's version (q's precision) sees the restored parameter as new
     and is recomputed."""
     model_state, optimiser_state = snapshot(model.state_dict()), snapshot(optimiser.state_dict())
     cpu_random = torch.get_rng_state()

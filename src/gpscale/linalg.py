@@ -124,23 +124,33 @@ def _solve_lower(L: Tensor, B: Tensor) -> Tensor:
 
 
 class _SolveLower(torch.autograd.Function):
-    """``A = L^{-1} B`` with ``dB = L^{-T} G`` and ``dL = -tril(dB A^T)`` formed from the lower blocks only (5/8 of
-    that product's flops with four blocks; torch's backward forms the whole product and returns dL column-major)."""
+    """``A = L^{-1} B`` with ``dB = L^{-T} G`` (row-major) and either ``dL = -tril(dB A^T)``, formed from its lower
+    blocks only (5/8 of that product's flops with four blocks; torch's backward forms the whole product and returns
+    dL column-major), or, given the matrix Kuu that L factors, Kuu's gradient directly (see :func:`whiten`)."""
 
     @staticmethod
-    def forward(ctx, L: Tensor, B: Tensor) -> Tensor:
+    def forward(ctx, L: Tensor, B: Tensor, Kuu: Tensor | None) -> Tensor:
         A = _solve_lower(L, B)
         ctx.save_for_backward(L, A)
         ctx.B_shape = B.shape
+        ctx.Kuu_dtype = None if Kuu is None else Kuu.dtype
         return A
 
     @staticmethod
     @once_differentiable
     def backward(ctx, G: Tensor):
         L, A = ctx.saved_tensors
-        dB = _solve_lower_transposed(L, G)
-        dL = tril_outer(dB, A).neg_().sum_to_size(L.shape) if ctx.needs_input_grad[0] else None
-        return dL, dB.sum_to_size(ctx.B_shape) if ctx.needs_input_grad[1] else None
+        need_L, need_B, need_Kuu = ctx.needs_input_grad
+        dB = _solve_lower_transposed(L, G) if need_L or need_B else None
+        dL = tril_outer(dB, A).neg_().sum_to_size(L.shape) if need_L else None
+        dKuu = None
+        if need_Kuu:
+            Phi = tril_outer(G, A)
+            Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
+            dKuu = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L.mT, Phi, upper=True), upper=False,
+                                                 left=False)
+            dKuu = (dKuu.mT + dKuu).mul_(-0.5).to(ctx.Kuu_dtype)  # row-major, as the kernel's backward reads it
+        return dL, None if dB is None or not need_B else dB.sum_to_size(ctx.B_shape), dKuu
 
 
 def solve_lower(L: Tensor, B: Tensor) -> Tensor:
@@ -151,7 +161,7 @@ def solve_lower(L: Tensor, B: Tensor) -> Tensor:
     runs at a twentieth of its speed (0.76 ms against 0.03 ms for a 512 x 1,024 float32 product, two threads); the
     transposed solve is also the faster one (2.0 against 3.4 ms for L [512, 512], B [512, 1,024])."""
     if torch.is_grad_enabled() and (L.requires_grad or B.requires_grad):
-        return _SolveLower.apply(L, B)
+        return _SolveLower.apply(L, B, None)
     return _solve_lower(L, B)
 
 
@@ -230,8 +240,9 @@ def lower_transpose_product(S: Tensor, A: Tensor) -> Tensor:
     return _LowerTransposeProduct.apply(S, A)
 
 
-class _Whiten(torch.autograd.Function):
-    """``A = L^{-1} K`` for ``L`` the Cholesky factor of ``Kuu``, differentiable in K and in Kuu directly.
+def whiten(K: Tensor, L: Tensor, Kuu: Tensor | None = None) -> Tensor:
+    """``A = L^{-1} K`` [..., m, k] in K's dtype for the lower Cholesky factor ``L`` of ``Kuu`` [..., m, m]; given
+    ``Kuu`` (the very matrix L factors, with its graph; L then carries none), the gradient reaches Kuu directly.
 
     With ``G = dloss/dA``: ``dK = L^{-T} G``, and since ``dA = -Phi(L^{-1} dKuu L^{-T}) A`` (the Cholesky factor's
     derivative, ``dL = L Phi(L^{-1} dKuu L^{-T})``, Phi taking the lower triangle and half the diagonal),
@@ -242,38 +253,9 @@ class _Whiten(torch.autograd.Function):
     with ``dL = -tril(L^{-T} G A^T)``: one m^3 product more (``L^T dL``, since ``L^T L^{-T} = I``). The backward
     runs in K's dtype: its inputs G and A carry K's precision, which no float64 solve restores, so a float32
     model's gradient costs float32 solves (the factorisation itself stays float64)."""
-
-    @staticmethod
-    def forward(ctx, K: Tensor, Kuu: Tensor, L: Tensor) -> Tensor:
-        L = L.to(K.dtype)
-        A = solve_lower(L, K)
-        ctx.save_for_backward(L, A)
-        ctx.Kuu_dtype = Kuu.dtype
-        return A
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, G: Tensor):
-        L, A = ctx.saved_tensors
-        dK = dKuu = None
-        if ctx.needs_input_grad[0]:
-            dK = _solve_lower_transposed(L, G)
-        if ctx.needs_input_grad[1]:
-            Phi = tril_outer(G, A)
-            Phi.diagonal(dim1=-2, dim2=-1).mul_(0.5)
-            dKuu = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L.mT, Phi, upper=True), upper=False,
-                                                 left=False)
-            dKuu = (dKuu.mT + dKuu).mul_(-0.5).to(ctx.Kuu_dtype)  # row-major, as the kernel's backward reads
-        return dK, dKuu, None
-
-
-def whiten(K: Tensor, L: Tensor, Kuu: Tensor | None = None) -> Tensor:
-    """``L^{-1} K`` [..., m, k] in K's dtype for the lower Cholesky factor ``L`` of ``Kuu`` [..., m, m]; given
-    ``Kuu`` (the very matrix L factors, with its graph; L then carries none), the gradient reaches Kuu directly,
-    one m^3 product cheaper than through the factorisation (see :class:`_Whiten`)."""
     if Kuu is None or not torch.is_grad_enabled():
         return solve_lower(L.to(K.dtype), K)
-    return _Whiten.apply(K, Kuu, L.detach())
+    return _SolveLower.apply(L.detach().to(K.dtype), K, Kuu)
 
 
 def cholesky_inverse(L: Tensor) -> Tensor:

@@ -57,7 +57,7 @@ class _SoftmaxWeights(torch.autograd.Function):
         dX = 2 (rowsum(ds) X - ds Z),       dZ = 2 (colsum(ds) Z - ds^T X),
 
     for ``s = |x|^2 - 2 x^T z + |z|^2``. Autograd through the expression takes a pass over [n, m] for each of its
-    operators on the way back; this takes five (a SoftKI-512 step on 1,024 random rows of pol's width, d = 26, spent
+    operators on the way back; this takes six (a SoftKI-512 step on 1,024 random rows of pol's width, d = 26, spent
     about a fifth of its time in these element-wise passes before)."""
 
     @staticmethod

@@ -138,8 +138,13 @@ def test_the_posterior_and_the_objective_do_not_depend_on_the_chunk_size(method,
     for a, b in zip(small.predict(Xt[:30]), reg.model_.predict(Xt[:30])):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
     if reg.model_.full_batch and reg.model_.trainable:
+        # at the training noise: a noise calibrated in the posterior fit is an optimum found to ~1e-8 (the evidence
+        # is flat there), which the chunks' summation order moves; clear_cache restores the training noise
+        small.clear_cache()
+        large = copy.deepcopy(reg.model_)
+        large.clear_cache()
         with torch.no_grad():
-            torch.testing.assert_close(small.loss(Xt, yt, len(yt)), reg.model_.loss(Xt, yt, len(yt)),
+            torch.testing.assert_close(small.loss(Xt, yt, len(yt)), large.loss(Xt, yt, len(yt)),
                                        rtol=1e-9, atol=1e-12)
 
 

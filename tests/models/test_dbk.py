@@ -14,6 +14,7 @@ from torch.distributions import MultivariateNormal, kl_divergence
 import gpscale
 from gpscale import ExtrapolationWarning, GPClassifier, GPRegressor
 from gpscale.bench.memory import PeakMemory
+from gpscale.data import make_friedman1
 from gpscale.kernels import inverse_softplus
 from gpscale.models import _weight_space, get_model_class
 from gpscale.models.svdbk import SVDBK
@@ -57,7 +58,7 @@ def targets(n, seed=1):
 
 def build(cls, table, noise=0.3, **options):
     """A model with basis rows ``table``; the noise is learned (floor 1e-6) if above the floor, else fixed."""
-    options = {"learn_noise": noise > 1e-6, **options}
+    options = {"learn_noise": noise > 1e-6, "calibrate_noise": False, **options}
     return cls(1, n_basis=table.shape[1], network=Lookup(table), noise=noise, **options).double()
 
 
@@ -676,6 +677,32 @@ def test_defaults_follow_the_paper():
     assert len(DBK(3, depth=2).kernel.network) == 4  # an explicit depth overrides the default
     assert get_model_class("dbk") is DBK and get_model_class("svdbk") is SVDBK
     assert DBK.full_batch and not SVDBK.full_batch
+
+
+def test_the_library_defaults_scale_the_built_in_network_and_calibrate_dbk_noise():
+    """Not the paper's (its protocols pass scale_basis=False, calibrate_noise=False): a built-in network's output is
+    divided by sqrt(r), a given module is used as given, and exact DBK re-estimates sigma^2 after training."""
+    assert DBK(3).kernel.scale_basis and SVDBK(3).kernel.scale_basis
+    assert not DBK(2, n_basis=5, network=nn.Linear(2, 5)).kernel.scale_basis
+    assert not DBK(3, scale_basis=False).kernel.scale_basis
+    assert DBK(3).calibrate_noise is True and SVDBK(3).calibrate_noise is False
+    assert DBK(3, calibrate_noise=False).calibrate_noise is False
+
+
+def test_the_default_network_starts_within_reach_of_the_data():
+    """With the paper's unscaled outputs a freshly drawn ResNet's prior variances ||phi(x)||^2 spread over tens, and
+    at sigma^2 = 1e-2 the trace penalty starts hundreds of nats a point above the model that ignores the inputs,
+    where L-BFGS (the default optimiser) stalled; scaled by 1/sqrt(r) it starts within a few tens."""
+    X, y = make_friedman1(1_000, rng=0, d=11)
+    X, y = torch.tensor(X, dtype=torch.float32), torch.tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+    starts = {}
+    for scale_basis in (None, False):
+        torch.manual_seed(0)
+        model = DBK(11, scale_basis=scale_basis).float()
+        model.init(X, y)
+        with torch.no_grad():
+            starts[scale_basis] = model.loss(X, y, num_data=1_000).item() - model.likelihood.null_loss(y)
+    assert starts[None] < 30 and starts[False] > 100, starts
 
 
 @pytest.mark.parametrize("options, message", [

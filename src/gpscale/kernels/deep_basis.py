@@ -96,7 +96,7 @@ class DeepBasisKernel(Kernel):
             model chunks its inputs.
         n_basis: r, the network's output width.
         scale_basis: use ``phi = network(x) / sqrt(r)``, which keeps ||phi||^2 = O(1) at initialisation whatever r.
-            Not in the paper (a third-party reimplementation's trick); off by default.
+            Not in the paper (a third-party reimplementation's trick); off here, on in the DBK models' defaults.
     """
 
     def __init__(self, network: nn.Module, n_basis: int, scale_basis: bool = False):

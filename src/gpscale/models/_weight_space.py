@@ -86,7 +86,8 @@ class _GramAndCross(torch.autograd.Function):
         return grad.to(Phi.dtype), None
 
 
-def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
+def chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
+    """(Phi^T Phi, Phi^T y, sum_i k(x_i, x_i) or 0) of one chunk (float64), y_c float64."""
     Phi = features(Xc)  # [c, r]
     A, b = _GramAndCross.apply(Phi, yc.to(CORE))
     trace = prior_diag(Xc).sum().to(CORE) if prior_diag is not None else torch.zeros((), dtype=CORE, device=A.device)
@@ -94,8 +95,8 @@ def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: T
 
 
 def accumulate(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, prior_diag: FeatureMap | None = None,
-               whiten: Tensor | None = None, comm: Comm = LOCAL, recompute: bool = True,
-               device: torch.device | None = None) -> Statistics:
+               whiten: Tensor | None = None, comm: Comm = LOCAL, device: torch.device | None = None,
+               sums: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Statistics:
     """Sufficient statistics of (X [n, d], y [n]) in chunks of ``chunk_size`` rows, computed on ``device`` (default
     X's), to which host rows are copied chunk by chunk (:func:`gpscale.device.chunks_on`).
 
@@ -105,26 +106,29 @@ def accumulate(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, p
     flops of whitening each chunk; the rounding of ``Psi^T Psi`` is amplified by cond(L)^2, so float32 models
     (and tiny noise) should use :func:`collapse_qr`, which whitens row by row.
 
-    When gradients are on and there is more than one chunk, each chunk is checkpointed: its features are
-    recomputed in the backward pass instead of stored, so the memory of a gradient step stays O(chunk x r).
-    ``recompute=False`` skips that for features already held in memory (``X`` is Phi itself), where recomputing
-    would only repeat the chunk's Gram product.
+    Differentiable through ``features`` by autograd over every chunk: for features held in memory (``X`` is Phi
+    itself) or small data. A model differentiating its features over many rows passes ``sums`` instead: this
+    process's unwhitened (Phi^T Phi, Phi^T y, prior trace, y^T y), from the linear engine's streamed pass, which
+    keeps no chunk's graph.
     """
-    recompute = recompute and torch.is_grad_enabled() and X.shape[0] > chunk_size
-    A = b = trace = yy = None
-    for Xc, yc in chunks_on(X.device if device is None else device, chunk_size, X, y):
-        if recompute:
-            parts = checkpoint(_chunk_statistics, features, prior_diag, Xc, yc, use_reentrant=False)
-        else:
-            parts = _chunk_statistics(features, prior_diag, Xc, yc)
-        parts = (*parts, (yc.to(CORE) ** 2).sum())
-        A, b, trace, yy = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2], yy + parts[3])
+    A, b, trace, yy = sums if sums is not None else chunk_sums(features, X, y, chunk_size=chunk_size,
+                                                                prior_diag=prior_diag, device=device)
     A, b, yy, trace = (comm.all_reduce_sum(t) for t in (A, b, yy, trace))
     if whiten is not None:
         A = solve_lower(whiten, solve_lower(whiten, A).T)  # L^{-1} A L^{-T} (A is symmetric)
         b = solve_lower(whiten, b.unsqueeze(-1)).squeeze(-1)
     n = global_count(X.shape[0], comm)
     return Statistics(A=A, b=b, yy=yy, n=n, prior_trace=trace)
+
+
+def chunk_sums(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, prior_diag: FeatureMap | None = None,
+               device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(Phi^T Phi, Phi^T y, sum_i k(x_i, x_i) or 0, y^T y) over this process's rows, chunk by chunk (float64)."""
+    A = b = trace = yy = None
+    for Xc, yc in chunks_on(X.device if device is None else device, chunk_size, X, y):
+        parts = (*chunk_statistics(features, prior_diag, Xc, yc), (yc.to(CORE) ** 2).sum())
+        A, b, trace, yy = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2], yy + parts[3])
+    return A, b, trace, yy
 
 
 def collapse_cholesky(stats: Statistics, noise: Tensor) -> Collapsed:

@@ -113,12 +113,12 @@ class DeepBasisModel(GPModel):
             likelihood, the paper's); False is the "-c" ablation. It pads the noise variance, so a classification
             likelihood (svdbk's), which has none, takes only False.
         calibrate_noise: after training, re-estimate sigma^2 with the network fixed (default: True for ``dbk``,
-            False for ``svdbk``; the paper's protocols pass False). The trace penalty's 1/sigma^2 holds the trained sigma^2 above the residual noise, and the
-            corrected predictive adds c(x*) on top of it, so the corrected model's intervals come out wide
-            (svdbk's 95% coverage: 0.97-0.99 on pol, bike and kin40k in dbk-table1; docs/dbk.md measures what
-            the option does to coverage and NLPD). ``dbk`` maximises the corrected model's
-            exact evidence ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` over sigma^2 and refits its posterior;
-            ``svdbk`` keeps q(w) and maximises its expected log-likelihood
+            False for ``svdbk``; the paper's protocols pass False). The trace penalty's 1/sigma^2 holds the
+            trained sigma^2 above the residual noise, and the corrected predictive adds c(x*) on top of it, so the
+            corrected model's intervals come out wide (svdbk's 95% coverage: 0.97-0.99 on pol, bike and kin40k in
+            dbk-table1; docs/dbk.md measures what the option does to coverage and NLPD). ``dbk`` maximises the
+            corrected model's exact evidence ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` over sigma^2 and
+            refits its posterior; ``svdbk`` keeps q(w) and maximises its expected log-likelihood
             ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)``. Both act in :meth:`fit_posterior` only and
             :meth:`clear_cache` restores the training sigma^2, so the training loss never sees the calibrated
             value; validation passes (early stopping) score the calibrated model. ``dbk``'s default fit often
@@ -320,7 +320,7 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
         by ``(sigma^2 + c_i)^{-1/2}``: the evidence is ``log N(y^ | 0, Phi^ Phi^^T + I) - 1/2 sum_i log(sigma^2 +
         c_i)``."""
         Phi, y = Phi.to(CORE), y.to(CORE)
-        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, recompute=False, comm=comm)
+        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, comm=comm)
         if not self.correction:
             return self.evidence_optimal_noise(stats)
         c = self.predictive_extra(Phi)

@@ -96,7 +96,10 @@ class GRIEF(FeatureSpaceGP):
             :class:`~gpscale.kernels.RBF`: the grid algebra needs a product of 1-D squared exponentials. ``ard``
             (default True) gives one lengthscale per dimension; the outputscale is s_f^2, applied once.
         **kwargs: ``lengthscale``, ``outputscale``, ``ard``, ``noise``, ``learn_noise``, ``noise_floor`` and
-            ``chunk_size`` of :class:`GPModel`.
+            ``chunk_size`` of :class:`GPModel`, whose default here is 2,048 rows: a chunk of p = 1,000 float64
+            features is then 16 MB, which glibc serves from memory it has already mapped; at the engine's 8,192
+            (65 MB, past glibc's 32 MB threshold for mapping an allocation afresh) each of a chunk's temporaries
+            faulted in new pages, and an evidence gradient over 200,000 rows took 25-29 s instead of 20-23 s.
     """
 
     residual_evidence = True
@@ -108,6 +111,7 @@ class GRIEF(FeatureSpaceGP):
         _check_options(n_eigen=n_eigen, grid_size=grid_size, init_exact_points=init_exact_points,
                        init_iterations=init_iterations, jitter=jitter, init_noise=init_noise,
                        init_stretch=init_stretch, kernel=kernel)
+        kwargs.setdefault("chunk_size", 2048)
         super().__init__(n_features, kernel="rbf" if kernel is None else kernel, **kwargs)
         self.n_eigen = None if n_eigen is None else int(n_eigen)
         self.grid_size = int(grid_size)

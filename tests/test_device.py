@@ -145,6 +145,7 @@ def test_a_training_step_runs_on_the_meta_device_and_copies_nothing_from_the_hos
 # Why these methods' posterior fits read values on purpose
 POSTERIOR_READS = {
     "softki": "its noise calibration searches sigma^2 on the host",
+    "dbk": "its noise calibration (its default) searches sigma^2 on the host",
     "grief": "it picks its features by value",
     "grief-i": "it samples by MCMC",
     "vff": "it warns when the data come near the ends of its box",

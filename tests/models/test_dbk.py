@@ -714,6 +714,7 @@ def test_the_default_network_starts_within_reach_of_the_data():
     (dict(kernel="matern32"), "takes no kernel"),
     (dict(lengthscale=0.3), "lengthscale belong to stationary kernels"),
     (dict(noise=1e-7), "above noise_floor"),
+    (dict(scale_basis="yes"), "scale_basis must be True, False or None"),
 ])
 def test_bad_options_get_a_clear_error(options, message):
     with pytest.raises(ValueError, match=message):

@@ -103,12 +103,13 @@ class DeepBasisModel(GPModel):
             get PyTorch's default initialisation in :meth:`init`, from the seed of :func:`gpscale.train.fit`.
         scale_basis: divide the network output by sqrt(r), so that ||phi(x)||^2 = O(1) at initialisation (default:
             True for the built-in networks, False for a given module, which is used as given; not in the paper,
-            whose protocols pass False). With the paper's unscaled 128 outputs the prior
-            variances of a freshly drawn ResNet spread over tens, and at the initial sigma^2 = 1e-2 the trace
-            penalty starts near 700 nats a point: measured on 5,000 rows of generated Friedman #1 with 11 inputs,
-            L-BFGS (the library's default optimiser) stopped at 4.4 nats a point, worse than the model that
-            ignores the inputs (1.4), with test RMSE 0.552 and coverage 1.000; scaled, it started at 13 nats and
-            reached RMSE 0.260 and coverage 0.956 (svdbk's default fit: 0.244/0.866 unscaled, 0.225/0.902 scaled).
+            whose protocols pass False). With the paper's unscaled 128 outputs the prior variances of a freshly
+            drawn ResNet spread over tens, and at the initial sigma^2 = 1e-2 the trace penalty puts the objective
+            hundreds of nats a point above the model that ignores the inputs (289 on 1,000 rows of generated
+            Friedman #1 with 11 inputs; 13 scaled). On 5,000 rows of that set L-BFGS (the library's default
+            optimiser) then stopped at 4.4 nats a point, worse than that model (1.4), with test RMSE 0.552 and
+            coverage 1.000; scaled, it reached RMSE 0.260 and coverage 0.956 (svdbk's default fit: 0.244/0.866
+            unscaled, 0.225/0.902 scaled).
         correction: the variance correction in training and prediction (default: on with the Gaussian
             likelihood, the paper's); False is the "-c" ablation. It pads the noise variance, so a classification
             likelihood (svdbk's), which has none, takes only False.
@@ -147,6 +148,9 @@ class DeepBasisModel(GPModel):
             build = mlp if network == "mlp" else residual_mlp
             depth = DEFAULT_DEPTH[network] if depth is None else int(depth)
             network = build(int(n_features), int(n_basis), depth, int(width), activation)
+        if scale_basis is not None and not isinstance(scale_basis, (bool, np.bool_)):
+            raise ValueError(f"scale_basis must be True, False or None (True for the built-in networks), got "
+                             f"{scale_basis!r}.")
         scale_basis = builtin if scale_basis is None else bool(scale_basis)
         super().__init__(n_features, kernel=DeepBasisKernel(network, n_basis, scale_basis), noise=noise, **kwargs)
         self.n_basis = int(n_basis)

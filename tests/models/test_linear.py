@@ -274,3 +274,22 @@ def test_the_qr_evidence_has_finite_gradients_when_features_repeat_across_rows()
         gradients[solver] = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert torch.isfinite(gradients["qr"]).all()
     torch.testing.assert_close(gradients["qr"], gradients["cholesky"], rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_the_streamed_evidence_gradient_of_features_that_do_not_depend_on_the_state(outside):
+    """Inside its box VFF's K_uf is phi(x) whatever the hyperparameters: a chunk of such rows has no graph to
+    backpropagate through its features (the streamed backward raised on it), and the gradient over many chunks is
+    the gradient over one. Rows outside the box have edge features that depend on the lengthscales."""
+    from gpscale.models import get_model_class
+
+    X, y = toy_regression(n=60, d=2)
+    gradients = []
+    for chunk_size in (13, 1000):
+        model = get_model_class("vff")(2, n_frequencies=5, chunk_size=chunk_size).double()
+        model.initialise(X, y)
+        if outside:
+            model.fourier.set_box(torch.tensor([-1.5, -1.5], dtype=F64), torch.tensor([1.5, 1.5], dtype=F64))
+        model.loss(X, y, len(X)).backward()
+        gradients.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(gradients[0], gradients[1], rtol=1e-10, atol=1e-12)

@@ -321,9 +321,15 @@ def _backward_by_chunk(ctx, X: Tensor, y: Tensor | None, state_values: list[Tens
         for Xc, *rest in chunks_on(ctx.device, ctx.chunk_size, X, *([] if y is None else [y])):
             rows = slice(start, start + Xc.shape[0])
             start = rows.stop
+            # an output may not depend on the state: VFF's features of rows inside its box are phi(x) whatever the
+            # hyperparameters, so a chunk of such rows has nothing to backpropagate through them
             outputs, grads = seeds(features, Xc, rest[0] if rest else None, rows)
+            kept = [i for i, output in enumerate(outputs) if output.requires_grad]
+            if not kept or not inputs:
+                continue
             # retain_graph: feature_map may build a graph that every chunk shares (GRIEF's eigenpairs)
-            parts = torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
+            parts = torch.autograd.grad([outputs[i] for i in kept], inputs, [grads[i] for i in kept],
+                                        retain_graph=True, allow_unused=True)
             totals = [t if g is None else g if t is None else t + g for t, g in zip(totals, parts)]
     given = iter(totals)
     return [next(given) if t.requires_grad else None for t in (*leaves, *ctx.params)]

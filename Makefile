@@ -11,8 +11,10 @@ install:
 	$(PYTHON) -m pip install -q torch==2.13.0
 	$(PYTHON) -m pip install -q -e ".[dev,bench]"
 
+# two pytest-xdist workers of one thread each (tests/conftest.py): most tests are small matrices, which a second
+# thread does not speed up and a second worker does
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2
 
 bench: install
 	$(PYTHON) -m gpscale.cli bench --protocol quick --out results/quick

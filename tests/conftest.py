@@ -1,6 +1,17 @@
+import os
+
 import numpy as np
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    # `make test` runs two pytest-xdist workers on a 2-core machine: each computes on one thread, as do the processes
+    # its tests start, because two workers of two threads each on two cores contend (an HVGP test took 6 s alone and
+    # 71 s beside another worker, both at two threads)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

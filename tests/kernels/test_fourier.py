@@ -191,6 +191,26 @@ def test_block_diagonal_kronecker_and_dense_operators_equal_dense():
     assert kron.size == 24 and blocks.size == 9
 
 
+@pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
+def test_the_dimensions_of_an_additive_kernel_in_one_call_are_their_one_dimensional_blocks(nu):
+    """Intervals, lengthscales and variances [D] give blockdiag over d of the 1-D K_uu, and the 1-D K_uf stacked,
+    rows outside the intervals included."""
+    g = torch.Generator().manual_seed(3)
+    D, F = 4, 5
+    lower = -1.0 - torch.rand(D, generator=g, dtype=F64)
+    upper = 1.0 + torch.rand(D, generator=g, dtype=F64)
+    ls, var = 0.2 + torch.rand(D, generator=g, dtype=F64), 0.1 + torch.rand(D, generator=g, dtype=F64)
+    X = 1.5 * torch.randn(40, D, generator=g, dtype=F64)
+    assert ((X < lower) | (X > upper)).any(0).all()  # every dimension has rows outside its interval
+    intervals = list(zip(lower.tolist(), upper.tolist()))
+    blocks = DiagPlusLowRank.block_diagonal([vff_Kuu(nu, a, b, F, ls[d], var[d]) for d, (a, b) in enumerate(intervals)])
+    joint = vff_Kuu(nu, lower, upper, F, ls, var)
+    torch.testing.assert_close(joint.to_dense(), blocks.to_dense(), rtol=1e-13, atol=0)
+    assert joint.W.shape == blocks.W.shape
+    per_dim = torch.cat([vff_Kuf(nu, X[:, d], a, b, F, ls[d]) for d, (a, b) in enumerate(intervals)])
+    torch.testing.assert_close(vff_Kuf(nu, X.T, lower, upper, F, ls).flatten(0, 1), per_dim, rtol=1e-13, atol=0)
+
+
 def test_13_product_features_reconstruct_the_product_kernel():
     g = torch.Generator().manual_seed(13)
     X = torch.rand(30, 2, generator=g, dtype=F64)

@@ -34,6 +34,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.nn.functional import pad
 
 from ..device import none_set
 from ..operators import DiagPlusLowRank
@@ -50,21 +51,34 @@ def matern_lambda(nu: float, lengthscale: Tensor) -> Tensor:
     return math.sqrt(2.0 * nu) / lengthscale
 
 
-def frequencies(a: float, b: float, n_frequencies: int, dtype=torch.float64, device=None) -> Tensor:
-    """``omega_m = 2 pi m / (b - a)`` for m = 0..F [F + 1]: harmonic, m whole periods on [a, b]
-    (not 2 pi (b - a) / m)."""
-    return 2 * math.pi * torch.arange(n_frequencies + 1, dtype=dtype, device=device) / (b - a)
+def frequencies(a: float | Tensor, b: float | Tensor, n_frequencies: int, dtype=torch.float64,
+                device=None) -> Tensor:
+    """``omega_m = 2 pi m / (b - a)`` for m = 0..F [..., F + 1]: harmonic, m whole periods on [a, b]
+    (not 2 pi (b - a) / m); one row per interval where a and b are tensors [...]."""
+    m = torch.arange(n_frequencies + 1, dtype=dtype, device=device)
+    return 2 * math.pi * m / _as_column(b - a, dtype, device)
 
 
-def fourier_basis(x: Tensor, a: float, b: float, n_frequencies: int) -> Tensor:
-    """``phi(x)`` [2F + 1, n] for 1-D inputs x [n]: cos(omega_m (x - a)) for m = 0..F, then sin for m = 1..F."""
-    omega = frequencies(a, b, n_frequencies, x.dtype, x.device)
-    angle = omega.unsqueeze(-1) * (x - a)  # [F + 1, n]
-    return torch.cat([torch.cos(angle), torch.sin(angle[1:])])
+def _as_column(value: float | Tensor, dtype, device) -> Tensor | float:
+    """A per-interval value as [..., 1], to broadcast against the frequencies [..., F + 1]; a number as is."""
+    if not torch.is_tensor(value):
+        return value
+    return value.to(dtype=dtype, device=device).unsqueeze(-1)
 
 
-def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, lengthscale: Tensor) -> Tensor:
-    """``Cov(zeta, f(x))`` [2F + 1, n] for a 1-D Matérn-nu with lengthscale l.
+def fourier_basis(x: Tensor, a: float | Tensor, b: float | Tensor, n_frequencies: int) -> Tensor:
+    """``phi(x)`` [..., 2F + 1, n] for 1-D inputs x [..., n] on the intervals [a, b] (numbers, or tensors [...], one
+    interval per leading index): cos(omega_m (x - a)) for m = 0..F, then sin for m = 1..F."""
+    omega = frequencies(a, b, n_frequencies, x.dtype, x.device).unsqueeze(-1)  # [..., F + 1, 1]
+    angle = omega * (x - _as_column(a, x.dtype, x.device)).unsqueeze(-2)  # [..., F + 1, n]
+    return torch.cat([torch.cos(angle), torch.sin(angle[..., 1:, :])], dim=-2)
+
+
+def vff_Kuf(nu: float, x: Tensor, a: float | Tensor, b: float | Tensor, n_frequencies: int,
+            lengthscale: Tensor) -> Tensor:
+    """``Cov(zeta, f(x))`` [..., 2F + 1, n] for a 1-D Matérn-nu with lengthscale l, at x [..., n]: one feature set per
+    leading index, each with its own interval (a, b tensors [...]) and lengthscale [...] (an additive kernel's
+    dimensions in one call); numbers and a 0-d lengthscale for one interval.
 
     Inside [a, b] it is ``phi(x)``. Outside, with e the nearer end, delta = |x - e| and s = x - e, the features
     see f(x) only through the boundary terms of the inner product, and the entries are (per frequency omega):
@@ -78,28 +92,31 @@ def vff_Kuf(nu: float, x: Tensor, a: float, b: float, n_frequencies: int, length
     product, and checked against inner products integrated by quadrature in the tests).
     These are continuous at a and b but reproduce k poorly: keep the data inside with a margin.
     """
-    inside = fourier_basis(x.clamp(a, b), a, b, n_frequencies)
-    outside = (x < a) | (x > b)
+    lo, hi = _as_column(a, x.dtype, x.device), _as_column(b, x.dtype, x.device)
+    inside = fourier_basis(torch.clamp(x, lo, hi), a, b, n_frequencies)
+    outside = (x < lo) | (x > hi)
     if none_set(outside):  # on a GPU the edge forms are computed for every row instead, used where x is outside
         return inside
-    lam = matern_lambda(nu, lengthscale).to(x.dtype)
-    omega = frequencies(a, b, n_frequencies, x.dtype, x.device).unsqueeze(-1)  # [F + 1, 1]
-    s = torch.where(x < a, x - a, torch.where(x > b, x - b, torch.zeros_like(x)))
+    lam = _as_column(matern_lambda(nu, lengthscale).to(x.dtype), x.dtype, x.device)  # [..., 1]
+    omega = frequencies(a, b, n_frequencies, x.dtype, x.device).unsqueeze(-1)  # [..., F + 1, 1]
+    s = torch.where(x < lo, x - lo, torch.where(x > hi, x - hi, torch.zeros_like(x)))  # [..., n]
     delta = s.abs()
     decay = torch.exp(-lam * delta)
+    lam, s, delta, decay = (t.unsqueeze(-2) for t in (lam, s, delta, decay))  # against the frequencies' axis
+    cos_rows = (*x.shape[:-1], n_frequencies + 1, x.shape[-1])
     if nu == 0.5:
-        cos = decay.expand(n_frequencies + 1, -1)
-        sin = torch.zeros(n_frequencies, x.shape[0], dtype=x.dtype, device=x.device)
+        cos = decay.expand(cos_rows)
+        sin = torch.zeros((*x.shape[:-1], n_frequencies, x.shape[-1]), dtype=x.dtype, device=x.device)
     elif nu == 1.5:
-        cos = ((1 + lam * delta) * decay).expand(n_frequencies + 1, -1)
-        sin = s * omega[1:] * decay
+        cos = ((1 + lam * delta) * decay).expand(cos_rows)
+        sin = s * omega[..., 1:, :] * decay
     else:
         cos = (1 + lam * delta + (lam**2 - omega**2) * delta**2 / 2) * decay
-        sin = s * omega[1:] * (1 + lam * delta) * decay
-    return torch.where(outside, torch.cat([cos, sin]), inside)
+        sin = s * omega[..., 1:, :] * (1 + lam * delta) * decay
+    return torch.where(outside.unsqueeze(-2), torch.cat([cos, sin], dim=-2), inside)
 
 
-def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tensor,
+def vff_Kuu(nu: float, a: float | Tensor, b: float | Tensor, n_frequencies: int, lengthscale: Tensor,
             variance: Tensor) -> DiagPlusLowRank:
     """``Kuu = <phi_i, phi_j>_H`` [2F + 1, 2F + 1] for a 1-D Matérn-nu (variance s^2, lengthscale l) on [a, b]:
     ``blockdiag(K_cos, K_sin)`` (the cos-sin block is exactly zero), each ``diag + W W^T``, returned as one
@@ -113,12 +130,17 @@ def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tens
 
     The diagonal is the integral term of the RKHS inner product; the low-rank terms are its boundary terms at a,
     evaluated at (g, g', g'') = (1, 0, -omega^2) for cos and (0, omega, 0) for sin. Differentiable in l and s^2.
+
+    With D intervals (a, b, l and s^2 tensors [D]: an additive kernel's dimensions) it is their block-diagonal
+    matrix [D (2F + 1), D (2F + 1)] in one ``diag + W W^T`` (W block diagonal [D (2F + 1), D r]), formed in one
+    pass of vectorised operators instead of one pass per dimension.
     """
-    lam = matern_lambda(nu, lengthscale).reshape(())
-    variance = variance.reshape(())
-    delta = b - a
-    omega = frequencies(a, b, n_frequencies, lam.dtype, lam.device)
-    c = torch.full_like(omega, 2.0)
+    lam = matern_lambda(nu, lengthscale).reshape(-1, 1)  # [D, 1]
+    dtype, device = lam.dtype, lam.device
+    variance = variance.reshape(-1, 1)
+    delta = (b - a).to(dtype).reshape(-1, 1) if torch.is_tensor(b - a) else b - a
+    omega = frequencies(a, b, n_frequencies, dtype, device).reshape(-1, n_frequencies + 1)  # [D, F + 1]
+    c = torch.full((n_frequencies + 1,), 2.0, dtype=dtype, device=device)
     c[0] = 1.0  # the constant has twice the squared norm of a cos of the same frequency
     s = torch.sqrt(variance)
     ones = torch.ones_like(omega)
@@ -127,16 +149,21 @@ def vff_Kuu(nu: float, a: float, b: float, n_frequencies: int, lengthscale: Tens
     if nu == 0.5:
         d = delta * spectrum / (2 * c * lam * variance)
         W_cos = (ones / s).unsqueeze(-1)
-        W_sin = omega[1:, None][:, :0]
+        W_sin = omega[:, 1:, None][..., :0]
     elif nu == 1.5:
         d = delta * spectrum / (4 * c * lam**3 * variance)
         W_cos = (ones / s).unsqueeze(-1)
-        W_sin = (omega[1:] / (lam * s)).unsqueeze(-1)
+        W_sin = (omega[:, 1:] / (lam * s)).unsqueeze(-1)
     else:
         d = 3 * delta * spectrum / (16 * c * lam**5 * variance)
         W_cos = torch.stack([(3 * omega**2 / lam**2 - 1) / (s * math.sqrt(8)), ones / s], dim=-1)
-        W_sin = (math.sqrt(3) * omega[1:] / (lam * s)).unsqueeze(-1)
-    return DiagPlusLowRank.block_diagonal([DiagPlusLowRank(d, W_cos), DiagPlusLowRank(d[1:], W_sin)])
+        W_sin = (math.sqrt(3) * omega[:, 1:] / (lam * s)).unsqueeze(-1)
+    # per interval blockdiag(W_cos, W_sin) [D, 2F + 1, r], then blockdiag over the intervals
+    r_cos, r_sin = W_cos.shape[-1], W_sin.shape[-1]
+    W = torch.cat([pad(W_cos, (0, r_sin)), pad(W_sin, (r_cos, 0))], dim=-2)
+    D = W.shape[0]
+    W = (W.unsqueeze(2) * torch.eye(D, dtype=dtype, device=device)[:, None, :, None]).reshape(D * W.shape[1], -1)
+    return DiagPlusLowRank(torch.cat([d, d[:, 1:]], dim=-1).reshape(-1), W)
 
 
 def row_kronecker(factors: list[Tensor]) -> Tensor:

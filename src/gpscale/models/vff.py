@@ -131,11 +131,9 @@ class FourierFeatures(InducingFeatures):
         diagonal W) or a Kronecker product (product, with s^2 on the first factor). It needs no jitter (its
         diagonal is bounded below by the integral term); a ``jitter`` is added to the additive diagonal."""
         ls = self.kernel.lengthscale.to(CORE)
-        if self.additive:
-            variance = self.kernel.variance.to(CORE)
-            blocks = [vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d], variance[d])
-                      for d, (a, b) in enumerate(self._box)]
-            return DiagPlusLowRank.block_diagonal(blocks).with_jitter(jitter)
+        if self.additive:  # every dimension's blocks in one call
+            return vff_Kuu(self.kernel.nu, self.lower, self.upper, self.n_frequencies, ls,
+                           self.kernel.variance.to(CORE)).with_jitter(jitter)
         if jitter:
             raise ValueError("A product-kernel K_uu takes no jitter (it would not stay a Kronecker product).")
         one = torch.ones((), dtype=CORE, device=ls.device)
@@ -149,9 +147,10 @@ class FourierFeatures(InducingFeatures):
     def Kuf(self, X: Tensor) -> Tensor:
         """[M, c]: phi(x) inside the box, the edge forms outside (float64)."""
         X, ls = X.to(CORE), self.kernel.lengthscale.to(CORE)
-        per_dim = [vff_Kuf(self.kernel.nu, X[:, d], a, b, self.n_frequencies, ls[d])
-                   for d, (a, b) in enumerate(self._box)]
-        return torch.cat(per_dim) if self.additive else row_kronecker(per_dim)
+        if self.additive:  # [D, 2F + 1, c] in one call, the dimensions' feature sets stacked
+            return vff_Kuf(self.kernel.nu, X.T, self.lower, self.upper, self.n_frequencies, ls).flatten(0, 1)
+        return row_kronecker([vff_Kuf(self.kernel.nu, X[:, d], a, b, self.n_frequencies, ls[d])
+                              for d, (a, b) in enumerate(self._box)])
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)

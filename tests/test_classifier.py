@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from sklearn.utils.estimator_checks import check_estimator
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpscale
 from gpscale import GPClassifier, GPRegressor
@@ -18,10 +18,12 @@ def blobs(n_per_class=60, centres=((-2, 0), (2, 0), (0, 3)), seed=0):
     return X, np.repeat(np.arange(len(centres)), n_per_class)
 
 
-def test_check_estimator():
-    # float64: scikit-learn checks that predictions on a subset equal those on the whole to 1e-7
-    check_estimator(GPClassifier(method="svgp", n_inducing=8, epochs=15, batch_size=64, lr=0.1, progress=False,
-                                 dtype="float64"))
+# float64: scikit-learn checks that predictions on a subset equal those on the whole to 1e-7; one test per check,
+# for parallel workers
+@parametrize_with_checks([GPClassifier(method="svgp", n_inducing=8, epochs=15, batch_size=64, lr=0.1, progress=False,
+                                       dtype="float64")])
+def test_check_estimator(estimator, check):
+    check(estimator)
 
 
 def test_two_classes_use_the_probit_likelihood_and_any_labels():

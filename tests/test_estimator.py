@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.base import clone
-from sklearn.utils.estimator_checks import check_estimator
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpscale
 from gpscale import GPRegressor
@@ -53,8 +53,9 @@ def test_method_options_are_saved(tmp_path):
 
 
 # --- the scikit-learn surface -----------------------------------------------------------------------------------
-def test_check_estimator_with_every_default():
-    check_estimator(GPRegressor(progress=False))  # method "auto": the exact GP on these sizes, L-BFGS to convergence
+@parametrize_with_checks([GPRegressor(progress=False)])  # method "auto": the exact GP here, L-BFGS to convergence
+def test_check_estimator_with_every_default(estimator, check):  # one test per check, for parallel workers
+    check(estimator)
 
 
 def test_fit_copies_a_kernel_object_and_the_trained_copy_is_kernel_():

@@ -138,7 +138,7 @@ def vff_Kuu(nu: float, a: float | Tensor, b: float | Tensor, n_frequencies: int,
     lam = matern_lambda(nu, lengthscale).reshape(-1, 1)  # [D, 1]
     dtype, device = lam.dtype, lam.device
     variance = variance.reshape(-1, 1)
-    delta = (b - a).to(dtype).reshape(-1, 1) if torch.is_tensor(b - a) else b - a
+    delta = _as_column(b - a, dtype, device)  # [D, 1], or a number
     omega = frequencies(a, b, n_frequencies, dtype, device).reshape(-1, n_frequencies + 1)  # [D, F + 1]
     c = torch.full((n_frequencies + 1,), 2.0, dtype=dtype, device=device)
     c[0] = 1.0  # the constant has twice the squared norm of a cos of the same frequency

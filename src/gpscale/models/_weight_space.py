@@ -86,7 +86,7 @@ class _GramAndCross(torch.autograd.Function):
         return grad.to(Phi.dtype), None
 
 
-def chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
+def _chunk_statistics(features: FeatureMap, prior_diag: FeatureMap | None, Xc: Tensor, yc: Tensor):
     """(Phi^T Phi, Phi^T y, sum_i k(x_i, x_i) or 0) of one chunk (float64), y_c float64."""
     Phi = features(Xc)  # [c, r]
     A, b = _GramAndCross.apply(Phi, yc.to(CORE))
@@ -126,7 +126,7 @@ def chunk_sums(features: FeatureMap, X: Tensor, y: Tensor, *, chunk_size: int, p
     """(Phi^T Phi, Phi^T y, sum_i k(x_i, x_i) or 0, y^T y) over this process's rows, chunk by chunk (float64)."""
     A = b = trace = yy = None
     for Xc, yc in chunks_on(X.device if device is None else device, chunk_size, X, y):
-        parts = (*chunk_statistics(features, prior_diag, Xc, yc), (yc.to(CORE) ** 2).sum())
+        parts = (*_chunk_statistics(features, prior_diag, Xc, yc), (yc.to(CORE) ** 2).sum())
         A, b, trace, yy = parts if A is None else (A + parts[0], b + parts[1], trace + parts[2], yy + parts[3])
     return A, b, trace, yy
 

@@ -107,7 +107,6 @@ class FourierFeatures(InducingFeatures):
         self.num_inducing = D * per_dim if self.additive else per_dim**D
         self.register_buffer("lower", torch.zeros(D, dtype=CORE))
         self.register_buffer("upper", torch.ones(D, dtype=CORE))
-        self._box = self._read_box()
 
     def set_box(self, lower: Tensor, upper: Tensor) -> None:
         """The interval [lower_d, upper_d] of every dimension [D]."""
@@ -115,16 +114,6 @@ class FourierFeatures(InducingFeatures):
             raise ValueError("Every interval of the VFF box needs upper > lower.")
         self.lower.copy_(lower)
         self.upper.copy_(upper)
-        self._box = self._read_box()
-
-    def _read_box(self) -> list[tuple[float, float]]:
-        """The intervals as Python numbers, read from their buffers when these change (set, loaded), not in every
-        pass: on a GPU each read would wait for the device."""
-        return list(zip(self.lower.tolist(), self.upper.tolist()))
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        self._box = self._read_box()
 
     def Kuu_operator(self, jitter: float = 0.0) -> DiagPlusLowRank | Kronecker:
         """K_uu in its structure (float64): blocks per dimension (additive; one diagonal plus low rank with a block-
@@ -137,9 +126,9 @@ class FourierFeatures(InducingFeatures):
         if jitter:
             raise ValueError("A product-kernel K_uu takes no jitter (it would not stay a Kronecker product).")
         one = torch.ones((), dtype=CORE, device=ls.device)
-        return Kronecker([vff_Kuu(self.kernel.nu, a, b, self.n_frequencies, ls[d],
+        return Kronecker([vff_Kuu(self.kernel.nu, self.lower[d], self.upper[d], self.n_frequencies, ls[d],
                                   self.kernel.outputscale.to(CORE) if d == 0 else one)
-                          for d, (a, b) in enumerate(self._box)])
+                          for d in range(self.kernel.n_features)])
 
     def Kuu(self) -> Tensor:
         return self.Kuu_operator().to_dense()
@@ -147,10 +136,8 @@ class FourierFeatures(InducingFeatures):
     def Kuf(self, X: Tensor) -> Tensor:
         """[M, c]: phi(x) inside the box, the edge forms outside (float64)."""
         X, ls = X.to(CORE), self.kernel.lengthscale.to(CORE)
-        if self.additive:  # [D, 2F + 1, c] in one call, the dimensions' feature sets stacked
-            return vff_Kuf(self.kernel.nu, X.T, self.lower, self.upper, self.n_frequencies, ls).flatten(0, 1)
-        return row_kronecker([vff_Kuf(self.kernel.nu, X[:, d], a, b, self.n_frequencies, ls[d])
-                              for d, (a, b) in enumerate(self._box)])
+        per_dim = vff_Kuf(self.kernel.nu, X.T, self.lower, self.upper, self.n_frequencies, ls)  # [D, 2F + 1, c]
+        return per_dim.flatten(0, 1) if self.additive else row_kronecker(list(per_dim))
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)

@@ -5,7 +5,7 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export GPSCALE_DATA ?= $(SHARED_DATA)
 endif
 
-.PHONY: install test bench lint
+.PHONY: install install-docs test bench lint docs docs-check
 
 install:
 	$(PYTHON) -m pip install -q torch==2.13.0
@@ -18,6 +18,18 @@ test: install
 
 bench: install
 	$(PYTHON) -m gpscale.cli bench --protocol quick --out results/quick
+
+install-docs: install
+	$(PYTHON) -m pip install -q -e ".[docs]"
+
+# the site, strict (a warning is an error): the examples run first and draw the figures the pages show
+docs: install-docs
+	$(PYTHON) -m tools.docs_examples --out docs/generated
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
+
+# the built site in headless Chromium (Debian's chromium and chromium-driver): every page, link, image and console
+docs-check: docs
+	$(PYTHON) -m tools.check_site --site site --screenshots site-check
 
 lint:
 	$(PYTHON) -m ruff check src tests experiments

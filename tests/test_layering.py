@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
 # training; the estimators; the benchmark; the command line
 LAYERS = [
     {"_version", "_stack", "device", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs",
-     "mcmc", "operators", "io", "data", "options"},
+     "mcmc", "operators", "io", "data", "options", "cite"},
     {"kernels", "likelihoods"},
-    {"models"},
+    {"models", "describe"},
     {"train"},
     {"estimator", "__init__"},
     {"bench"},

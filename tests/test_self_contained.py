@@ -54,3 +54,23 @@ def test_docstrings_and_comments_do_not_cite_the_unshipped_specs():
     found += [reference for path in data for reference in data_references(path)]
     assert not found, ("State the fact instead of pointing at a spec section or pitfall that users cannot read:\n"
                        + "\n".join(found))
+
+
+# The documentation states facts in its own words too; it may say "the paper's eq. 24", not "the spec's".
+DOCS_FORBIDDEN = re.compile(FORBIDDEN.pattern + r"|\bthe spec\b|\bspec's\b|\bspec check|working reference",
+                            re.IGNORECASE)
+
+
+def documentation_files():
+    """The site's pages and configuration, the README, the citation file and the docs tooling."""
+    return sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "mkdocs.yml", ROOT / "CITATION.cff",
+                   *(ROOT / "tools").glob("*.py")])
+
+
+def test_the_documentation_does_not_cite_the_unshipped_specs():
+    files = documentation_files()
+    assert len(files) > 15
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in files
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+             if DOCS_FORBIDDEN.search(line)]
+    assert not found, "State the fact instead of pointing at notes that readers do not have:\n" + "\n".join(found)

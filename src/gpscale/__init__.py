@@ -1,5 +1,6 @@
 """gpscale: scalable Gaussian processes in PyTorch."""
 from ._version import __version__
+from .cite import cite
 from .estimator import GPClassifier, GPRegressor, load
 from .linalg import NotPSDError, NumericalWarning
 from .models import available_methods
@@ -8,4 +9,4 @@ from .models.grief_i_chains import ConvergenceWarning
 
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "available_methods", "NotPSDError", "NumericalWarning",
-           "ExtrapolationWarning", "ConvergenceWarning", "__version__"]
+           "ExtrapolationWarning", "ConvergenceWarning", "cite", "__version__"]

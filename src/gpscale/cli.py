@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    args.command = shlex.join(["gpscale", *argv])  # recorded with every benchmark run
     if not hasattr(args, "run"):
         parser.print_help()
         return 2
@@ -123,8 +126,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write a markdown report with plots from a results file")
     p.add_argument("results", type=Path, nargs="+", help="results.sqlite file(s) written by `gpscale bench`")
-    p.add_argument("-o", "--output", type=Path, required=True, help="output folder")
+    p.add_argument("-o", "--output", type=Path, default=None, help="output folder")
     p.add_argument("--protocol", default=None, help="only this protocol's runs")
+    p.add_argument("--section", action="store_true",
+                   help="print the runs' tables and provenance as markdown (what the documentation's pages show) "
+                        "instead of writing a report")
     p.set_defaults(run=_report)
 
     p = sub.add_parser("data", help="list or download benchmark datasets")
@@ -232,7 +238,7 @@ def _bench(args) -> None:
     path = run_protocol(protocol, out_dir=out, methods=args.methods, datasets=args.datasets, splits=args.splits,
                         data_dir=args.data_dir, resume=args.resume, device=device, comm=comm,
                         options=_parse_options(args.option, typed=True),
-                        data_options=_parse_options(args.data_option))
+                        data_options=_parse_options(args.data_option), command=args.command)
     if comm.rank != 0:  # rank 0 writes the report
         return
     runs = ResultsStore(path).runs(protocol.name)
@@ -248,11 +254,16 @@ def _bench(args) -> None:
 
 
 def _report(args) -> None:
-    from .bench.report import write_report
+    from .bench.report import results_section, write_report
 
     for path in args.results:
         if not path.exists():
             raise ValueError(f"{path}: no such results file.")
+    if args.section:
+        print(results_section(args.results, protocol=args.protocol), end="")
+        return
+    if args.output is None:
+        raise ValueError("gpscale report needs -o/--output FOLDER for the report and its plots (or --section).")
     print(f"report: {write_report(args.results, args.output, protocol=args.protocol)}")
 
 

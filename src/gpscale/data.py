@@ -206,8 +206,8 @@ _GENERATORS = {"friedman1": make_friedman1, "friedman1_d11": partial(make_friedm
 # ------------------------------------------------------------------------------------------------------ loading
 
 
-def load_dataset(name: str, split: int = 0, data_dir=None, seed: int = 0, test_fraction: float = 0.1,
-                 max_train: int | None = None, n: int | None = None,
+def load_dataset(name: str, split: int = 0, data_dir: str | Path | None = None, seed: int = 0,
+                 test_fraction: float = 0.1, max_train: int | None = None, n: int | None = None,
                  molecule_features: str = "cartesian", random_split: bool = False,
                  x_scaling: str | None = None, standardize_y: bool = True,
                  image_transform: str | None = None) -> Dataset:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, MethodSpec, Protocol, register_protocol
-from gpscale.bench.report import markdown_table, mean_ranks, print_table, summarise, write_report
+from gpscale.bench.report import markdown_table, mean_ranks, print_table, results_section, summarise, write_report
+from gpscale.cli import main
 from gpscale.bench.store import ResultsStore
 
 PROTOCOL = "test-report"
@@ -372,3 +373,28 @@ def test_a_classification_table_prints_the_papers_accuracy_and_seconds_per_step_
     column = {name: header.index(name) for name in ("accuracy", "paper accuracy", "s/step", "paper s/step")}
     assert [cells["conv-M"][column[name]] for name in column] == ["0.7368", "0.657 ± 0.0006", "0.2", "0.21"]
     assert [cells["svgp-512"][column[name]] for name in column] == ["0.8307", "–", "0.08", "–"]
+
+
+def test_a_page_section_has_each_table_and_where_its_numbers_come_from(store, runs, tmp_path):
+    """What a documentation page shows: the tables of the report (the same numbers), then the machine, commit,
+    dates and commands of the runs, then the failed runs."""
+    section = results_section(store)
+    report = write_report(store, tmp_path / "report").read_text(encoding="utf-8")
+    for dataset in ("pol", "elevators"):
+        table = re.search(rf"^\*\*{dataset}\*\*\n\n((?:\|.*\n)+)", section, flags=re.M).group(1)
+        assert table in report
+    assert "- git_commit: abc1234" in section and "- machine: testbox" in section
+    assert "- date: 2024-05-01T10:00:00 to 2024-05-02T10:00:00" in section
+    assert "Cholesky failed" in section and "command" not in section  # these runs record none
+    commanded = tmp_path / "commanded.sqlite"
+    results = ResultsStore(commanded)
+    for run in runs:
+        results.append({**run, "command": f"gpscale bench --protocol {PROTOCOL} --splits {run['split']}"})
+    assert results_section(commanded).count("- command: `gpscale bench") == 2
+
+
+def test_cli_report_section_prints_it_and_a_report_needs_a_folder(store, capsys):
+    assert main(["report", str(store), "--section"]) == 0
+    assert capsys.readouterr().out == results_section(store)
+    assert main(["report", str(store)]) == 2
+    assert "--output" in capsys.readouterr().err

@@ -224,6 +224,16 @@ def test_cli_bench_passes_its_options_to_the_runner(tmp_path, monkeypatch):
               "--option", "init_stretch=1, 2.5", "--data-option", "x_scaling=standard", "--out", str(tmp_path)])
     assert seen["options"] == {"epochs": 2, "batch_size": 64, "init_stretch": (1, 2.5)}
     assert seen["data_options"] == {"x_scaling": "standard"}
+    assert seen["command"] == ("gpscale bench --protocol quick --option epochs=2 --option batch-size=64 --option "
+                               f"'init_stretch=1, 2.5' --data-option x_scaling=standard --out {tmp_path}")
+
+
+def test_every_run_records_the_command_that_asked_for_it(results, tmp_path):
+    path, _ = results
+    assert all(r["command"] is None for r in ResultsStore(path).runs())  # run_protocol called from Python
+    out = tmp_path / "commanded"
+    run_protocol(TINY, out_dir=out, progress=False, log=lambda _: None, command="gpscale bench --protocol tiny")
+    assert {r["command"] for r in ResultsStore(out / "results.sqlite").runs()} == {"gpscale bench --protocol tiny"}
 
 
 def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):

@@ -20,8 +20,8 @@ import numpy as np
 from .protocols import PROTOCOLS
 from .store import ResultsStore
 
-__all__ = ["METRICS", "summarise", "time_ratio", "mean_ranks", "markdown_table", "time_table", "write_report",
-           "print_table"]
+__all__ = ["METRICS", "summarise", "time_ratio", "mean_ranks", "markdown_table", "time_table", "read_runs",
+           "write_report", "results_section", "print_table"]
 
 METRICS = ("rmse", "nlpd", "coverage", "train_seconds", "seconds_per_epoch", "peak_memory_mb", "rmse_original",
            "accuracy", "seconds_per_step")
@@ -417,12 +417,10 @@ def _write_plots(summary: list[dict], out_dir: Path) -> None:
 
 # --- entry points ----------------------------------------------------------------------------------------------
 
-def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: str | None = None) -> Path:
-    """Write ``report.md`` and the plots ``accuracy.png``, ``pareto.png`` and ``calibration.png`` into
-    ``out_dir`` from the runs in one or several results files (e.g. parts of a protocol run on different
-    machines), optionally of one protocol; returns the report's path."""
+def read_runs(store_paths: str | Path | list, protocol: str | None = None) -> list[dict]:
+    """The runs of one or several results files (e.g. parts of a protocol run on different machines), optionally
+    of one protocol; an error if there are none."""
     paths = [Path(p) for p in (store_paths if isinstance(store_paths, (list, tuple)) else [store_paths])]
-    out_dir = Path(out_dir)
     runs = []
     for path in paths:
         if not path.is_file():
@@ -431,6 +429,15 @@ def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: 
     if not runs:
         raise ValueError(f"{', '.join(map(str, paths))} has no runs" + (f" of protocol {protocol!r}." if protocol
                                                                           else "."))
+    return runs
+
+
+def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: str | None = None) -> Path:
+    """Write ``report.md`` and the plots ``accuracy.png``, ``pareto.png`` and ``calibration.png`` into
+    ``out_dir`` from the runs in one or several results files, optionally of one protocol (:func:`read_runs`);
+    returns the report's path."""
+    out_dir = Path(out_dir)
+    runs = read_runs(store_paths, protocol)
     summary = summarise(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
     for file in PLOTS:  # plots of an earlier report would describe other runs
@@ -440,6 +447,31 @@ def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: 
     report = out_dir / "report.md"
     report.write_text(_markdown(runs, summary), encoding="utf-8")
     return report
+
+
+def results_section(store_paths: str | Path | list, protocol: str | None = None) -> str:
+    """The runs of results files as a section of a documentation page, what a method page's reproduced numbers
+    are: for each protocol a table per dataset, beside the paper's published numbers where the protocol has them,
+    then where the numbers come from (the commands that ran them, the commit, machine, dtype and dates), and the
+    runs that failed."""
+    runs = read_runs(store_paths, protocol)
+    summary = summarise(runs)
+    lines = []
+    for name in _unique(r["protocol"] for r in runs):
+        rows = [r for r in summary if r["protocol"] == name]
+        versions = ", ".join(str(v) for v in _unique(r.get("protocol_version") for r in runs if r["protocol"] == name))
+        lines += [f"Protocol `{name}` (version {versions}); means ± standard deviations over splits and seeds, "
+                  "RMSE and NLPD on standardised y, the lowest mean RMSE and NLPD in bold:", ""]
+        lines += _rank_lines(rows)
+        for dataset in _unique(r["dataset"] for r in rows):
+            lines += [f"**{dataset}**", "", markdown_table(rows, dataset), ""]
+    commands = _unique(r.get("command") for r in runs)
+    lines += ["Where these numbers come from:", "", *_environment(runs)]
+    lines += [f"- command: `{command}`" for command in commands]
+    failed = [r for r in runs if r.get("status") not in ("ok", "skipped")]
+    if failed:
+        lines += ["", "Runs that failed:", "", *_run_notes(failed)]
+    return "\n".join(lines) + "\n"
 
 
 def print_table(runs: list[dict]) -> str:

@@ -63,7 +63,7 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
                  datasets: list[str] | None = None, splits: list[int] | None = None, data_dir: str | None = None,
                  resume: bool = False, device: str = "cpu", progress: bool = True,
                  log: Callable[[str], None] = print, comm: Comm = LOCAL, options: dict | None = None,
-                 data_options: dict | None = None) -> Path:
+                 data_options: dict | None = None, command: str | None = None) -> Path:
     """Run ``protocol`` (optionally a subset) and append every run to ``out_dir/results.sqlite``.
 
     Datasets in ``protocol.requires_data`` are skipped, with a note, when the data folder does not have them.
@@ -72,7 +72,8 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
     writes the results and logs; the peers, which run in one process, are recorded as errors.
     ``options`` replace the protocol's method options (e.g. ``{"epochs": 2}``) in every run, and ``data_options``
     its :func:`~gpscale.data.load_dataset` options (e.g. ``{"x_scaling": "standard"}``) on every data set; the
-    latter are recorded in each run's options under ``"data"``.
+    latter are recorded in each run's options under ``"data"``. ``command``, the command line that asked for the run,
+    is recorded with it.
     """
     _check_data_options(data_options)
     if comm.rank == 0:  # rank 0 creates the results file; the others open it after (for --resume)
@@ -83,7 +84,8 @@ def run_protocol(protocol: Protocol, *, out_dir: str | Path, methods: list[str] 
     done = store.completed(protocol.name, protocol.version) if resume else set()
     specs = _select(protocol.methods, methods, lambda s: s.name, "method")
     names = _select(list(protocol.datasets), datasets, lambda s: s, "dataset")
-    context = {**_context(device, protocol.dtype), "processes": comm.world_size if comm.world_size > 1 else None}
+    context = {**_context(device, protocol.dtype), "processes": comm.world_size if comm.world_size > 1 else None,
+               "command": command}
     log = log if comm.rank == 0 else (lambda message: None)
     folder = resolve_data_dir(data_dir)
     _warm_up(specs, protocol.dtype, device)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 __all__ = ["SCHEMA_VERSION", "COLUMNS", "IDENTITY", "ResultsStore", "identity"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # name -> SQLite type; the order is the table's column order
 COLUMNS: dict[str, str] = {
@@ -38,10 +38,12 @@ COLUMNS: dict[str, str] = {
     "gpscale_version": "TEXT", "torch_version": "TEXT", "gpytorch_version": "TEXT",
     "machine": "TEXT", "cpu": "TEXT", "cores": "INTEGER",
     "date": "TEXT", "git_commit": "TEXT",
+    "command": "TEXT",  # the `gpscale bench ...` command line that ran it
 }
 # schema version -> the columns added by the next version
 MIGRATIONS: dict[int, tuple[str, ...]] = {1: ("reused_training_of",), 2: ("accuracy",), 3: ("processes",),
-                                          4: ("fitted_method", "steps", "converged"), 5: ("seconds_per_step",)}
+                                          4: ("fitted_method", "steps", "converged"), 5: ("seconds_per_step",),
+                                          6: ("command",)}
 IDENTITY = ("protocol", "protocol_version", "method", "options", "dataset", "split", "seed")
 
 

@@ -105,6 +105,7 @@ class GPModel(nn.Module):
             median heuristic, set by :meth:`initialise`): needed where inputs lie far apart in the kernel's units,
             as images do, because at ln 2 k(x, z) underflows to ~0 and no gradient reaches the lengthscale.
         noise: initial noise variance of standardised y (default ln 2); fixed if ``learn_noise=False``.
+        learn_noise: train the noise variance with the other hyperparameters (else it stays at ``noise``).
         noise_floor: lower bound of a learned noise variance.
         likelihood: ``'gaussian'``, or ``'bernoulli'`` (probit; labels -1 / +1) for the methods whose objective
             takes any likelihood through its expected log-likelihood (``likelihoods``); ``'robustmax'`` or

@@ -89,3 +89,14 @@ def test_a_list_right_after_text_becomes_a_list_as_on_github_but_not_inside_code
     page = "Options:\n- a\n- b\n\n```text\nnot a list:\n- x\n```\n"
     assert lists_apart(page) == "Options:\n\n- a\n- b\n\n```text\nnot a list:\n- x\n```\n"
     assert lists_apart("| a |\n- b\n") == "| a |\n- b\n"  # only after paragraph text
+
+
+def test_a_titled_block_runs_as_a_script_by_its_command_and_must_succeed(tmp_path):
+    ok = tmp_path / "ok.md"
+    ok.write_text('```python title="hello.py"\n# run as: python hello.py\nopen("said", "w").write("hi")\n```\n')
+    docs_examples.run_page(ok, tmp_path / "out")
+    assert (tmp_path / "out" / "ok" / "said").read_text() == "hi"
+    failing = tmp_path / "failing.md"
+    failing.write_text('```python title="fail.py"\nraise SystemExit(3)\n```\n')
+    with pytest.raises(RuntimeError, match="fail.py at line 1 .* exited with 3"):
+        docs_examples.run_page(failing, tmp_path / "out")

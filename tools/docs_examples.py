@@ -2,7 +2,10 @@
 
 Every fenced ```` ```python ```` block of a page runs, in the page's order, in one namespace per page, with the
 page's own folder under ``--out`` as the working directory: a figure an example saves (``fig.savefig("x.png")``)
-lands in ``docs/generated/<page>/x.png`` when ``make docs`` runs this, and the page shows it from there. Every
+lands in ``docs/generated/<page>/x.png`` when ``make docs`` runs this, and the page shows it from there. A block
+titled as a script (```` ```python title="train.py" ````) is a program of its own: it is written to that file and
+run by the command its first line gives (``# run as: torchrun --standalone --nproc-per-node 2 train.py``; without
+one, ``python train.py``), which must succeed. Every
 ``gpscale`` command of a page's shell blocks (fenced or indented) is parsed by the command line's own parser and its
 protocol, method and dataset names are checked, without running it (most are benchmark runs of minutes or hours).
 
@@ -15,6 +18,7 @@ import io
 import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from contextlib import contextmanager, redirect_stderr
@@ -23,15 +27,19 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
-_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)[^\n]*$")
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)(?P<info>[^\n]*)$")
+_TITLE = re.compile(r'title="(?P<title>[^"]+)"')
+_RUN_AS = re.compile(r"^#\s*run as:\s*(?P<command>.+)$")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One code block of a page: its language ('' for an indented block), its first line number and its text."""
+    """One code block of a page: its language ('' for an indented block), its first line number, its text and
+    its title (a script's file name), if any."""
     lang: str
     line: int
     code: str
+    title: str | None = None
 
 
 def code_blocks(markdown: str) -> list[Block]:
@@ -46,7 +54,8 @@ def code_blocks(markdown: str) -> list[Block]:
             while j < len(lines) and not lines[j].strip().startswith(fence):
                 body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j])
                 j += 1
-            blocks.append(Block(opening["lang"].lower(), i + 1, "\n".join(body)))
+            title = _TITLE.search(opening["info"])
+            blocks.append(Block(opening["lang"].lower(), i + 1, "\n".join(body), title and title["title"]))
             i, in_list_or_para = j + 1, False
             continue
         if lines[i].startswith("    ") and not in_list_or_para:
@@ -131,6 +140,9 @@ def run_page(page: Path, out: Path) -> float:
     start = time.perf_counter()
     with _inside(out / page.stem):
         for block in python_blocks(markdown):
+            if block.title:
+                run_script(block, page.name)
+                continue
             try:
                 exec(compile(block.code, f"{page.name}:{block.line}", "exec"), namespace)
             except Exception as err:
@@ -139,6 +151,21 @@ def run_page(page: Path, out: Path) -> float:
 
     plt.close("all")
     return time.perf_counter() - start
+
+
+def run_script(block: Block, page: str) -> None:
+    """Write a titled block to its file in the working directory and run it by its ``# run as:`` command."""
+    Path(block.title).write_text(block.code + "\n")
+    first = _RUN_AS.match(block.code.splitlines()[0])
+    command = shlex.split(first["command"]) if first else ["python", block.title]
+    if command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    elif command[0] == "torchrun":  # the torchrun of this interpreter
+        command = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{page}, the script {block.title} at line {block.line} (`{shlex.join(command)}`) exited "
+                           f"with {done.returncode}:\n{done.stderr[-3000:]}")
 
 
 def pages() -> list[Path]:

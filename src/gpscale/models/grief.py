@@ -107,12 +107,11 @@ class GRIEF(FeatureSpaceGP):
     def __init__(self, n_features: int, n_eigen: int | None = None, grid_size: int = 10,
                  init_exact_points: int = 500, init_iterations: int = 100, jitter: float = 1e-12, *,
                  init_noise: str = "grief", init_stretch: tuple[float, ...] = INIT_STRETCH,
-                 kernel: str | Kernel | None = "rbf", **kwargs):
+                 kernel: str | Kernel | None = "rbf", chunk_size: int = 2048, **kwargs):
         _check_options(n_eigen=n_eigen, grid_size=grid_size, init_exact_points=init_exact_points,
                        init_iterations=init_iterations, jitter=jitter, init_noise=init_noise,
                        init_stretch=init_stretch, kernel=kernel)
-        kwargs.setdefault("chunk_size", 2048)
-        super().__init__(n_features, kernel="rbf" if kernel is None else kernel, **kwargs)
+        super().__init__(n_features, kernel="rbf" if kernel is None else kernel, chunk_size=chunk_size, **kwargs)
         self.n_eigen = None if n_eigen is None else int(n_eigen)
         self.grid_size = int(grid_size)
         self.init_exact_points = int(init_exact_points)

@@ -165,11 +165,10 @@ class HVGP(VariationalGP):
 
     def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "pca_negation",
                  n_ways: int = 3, period: int = 12, image_shape: tuple[int, int] = (28, 28), step: int = 4,
-                 shared_inducing: bool = False, devices: Sequence[str | torch.device] | None = None, **kwargs):
-        kwargs.setdefault("kernel", "matern32")
-        kwargs.setdefault("ard", False)
+                 shared_inducing: bool = False, devices: Sequence[str | torch.device] | None = None, *,
+                 kernel: str | Kernel = "matern32", ard: bool = False, **kwargs):
         chunk_given = "chunk_size" in kwargs
-        super().__init__(n_features, **kwargs)
+        super().__init__(n_features, kernel=kernel, ard=ard, **kwargs)
         if not isinstance(group, GroupAction) and group not in GROUPS:
             raise ValueError(f"group must be one of {GROUPS} or a GroupAction, got {group!r}.")
         if group in _ISOTROPIC_GROUPS and getattr(self.kernel, "ard", False) and self.n_features > 1:

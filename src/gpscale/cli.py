@@ -211,7 +211,7 @@ def _bench(args) -> None:
     import time
 
     from .distributed import LOCAL, TorchComm, process_device
-    from .bench.floor import FLOOR_DESCRIPTION, run_floor
+    from .bench.floor import FLOOR_DESCRIPTION, FLOOR_PROTOCOL, run_floor
     from .bench.protocols import PROTOCOLS, get_protocol
     from .bench.report import print_table, write_report
     from .bench.runner import run_protocol
@@ -222,7 +222,7 @@ def _bench(args) -> None:
             print(f"{p.name:<16} v{p.version}  {p.description}")
         print(f"{'floor':<16}     {FLOOR_DESCRIPTION}")
         return
-    if args.protocol == "floor":
+    if args.protocol == FLOOR_PROTOCOL:
         page = run_floor(args.out or Path("results") / "floor", methods=args.methods)
         print(page.read_text())
         print(f"report: {page}")

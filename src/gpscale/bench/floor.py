@@ -31,12 +31,13 @@ from ..distributed import LOCAL
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
 
-__all__ = ["FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "count_flops_by_dtype",
+__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "count_flops_by_dtype",
            "floor_seconds", "matmul_rate", "measure",
            "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
 
+FLOOR_PROTOCOL = "floor"  # the name `gpscale bench --protocol` knows it by (it is a measurement, not a table)
 FLOOR_DESCRIPTION = ("FLOPs of one training step, the posterior fit and one prediction row of every method at a "
                      "small and its paper's size, over this machine's matrix-product rate (no data needed).")
 

@@ -379,10 +379,24 @@ def test_a_page_section_has_each_table_and_where_its_numbers_come_from(store, ru
     """What a documentation page shows: the tables of the report (the same numbers), then the machine, commit,
     dates and commands of the runs, then the failed runs."""
     section = results_section(store)
-    report = write_report(store, tmp_path / "report").read_text(encoding="utf-8")
-    for dataset in ("pol", "elevators"):
-        table = re.search(rf"^\*\*{dataset}\*\*\n\n((?:\|.*\n)+)", section, flags=re.M).group(1)
-        assert table in report
+    page_tables = parse_tables(re.sub(r"^\*\*(\S+)\*\*$", r"### \1", section, flags=re.M))
+    report_tables = parse_tables(write_report(store, tmp_path / "report").read_text(encoding="utf-8"))
+    assert set(page_tables) == {"pol", "elevators"}
+    for dataset, table in page_tables.items():
+        assert set(table) == set(report_tables[dataset])
+        for method, row in table.items():  # the report's cells, less the columns no run has a value in
+            assert row == {column: cell for column, cell in report_tables[dataset][method].items() if column in row}
+            assert {"RMSE", "NLPD", "95% cov."} <= set(row)
+        dropped = set(next(iter(report_tables[dataset].values()))) - set(next(iter(table.values())))
+        assert all(cell == "–" for row in report_tables[dataset].values() for column, cell in row.items()
+                   if column in dropped)
+    assert "paper RMSE" in page_tables["pol"]["sgpr"]  # the paper's numbers where it has them
+    sparse = [dict(run, protocol="not-registered") for run in runs]  # no published numbers: no paper columns
+    unregistered = tmp_path / "unregistered.sqlite"
+    results = ResultsStore(unregistered)
+    for run in sparse:
+        results.append(run)
+    assert "paper RMSE" not in results_section(unregistered) and "| RMSE |" in results_section(unregistered)
     assert "- git_commit: abc1234" in section and "- machine: testbox" in section
     assert "- date: 2024-05-01T10:00:00 to 2024-05-02T10:00:00" in section
     assert "Cholesky failed" in section and "command" not in section  # these runs record none

@@ -464,7 +464,7 @@ def results_section(store_paths: str | Path | list, protocol: str | None = None)
                   "RMSE and NLPD on standardised y, the lowest mean RMSE and NLPD in bold:", ""]
         lines += _rank_lines(rows)
         for dataset in _unique(r["dataset"] for r in rows):
-            lines += [f"**{dataset}**", "", markdown_table(rows, dataset), ""]
+            lines += [f"**{dataset}**", "", _without_empty_columns(markdown_table(rows, dataset)), ""]
     commands = _unique(r.get("command") for r in runs)
     lines += ["Where these numbers come from:", "", *_environment(runs)]
     lines += [f"- command: `{command}`" for command in commands]
@@ -472,6 +472,15 @@ def results_section(store_paths: str | Path | list, protocol: str | None = None)
     if failed:
         lines += ["", "Runs that failed:", "", *_run_notes(failed)]
     return "\n".join(lines) + "\n"
+
+
+def _without_empty_columns(table: str) -> str:
+    """A markdown table without the columns that hold no value in any row (a page shows the columns its runs have;
+    the full report keeps every column, so that reports compare)."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table.splitlines()]
+    keep = [j for j in range(len(rows[0])) if any(row[j] not in (DASH, "") for row in rows[2:])]
+    return "\n".join("| " + " | ".join(row[j] for j in keep) + " |" if i != 1 else "|" + "---|" * len(keep)
+                     for i, row in enumerate(rows))
 
 
 def print_table(runs: list[dict]) -> str:

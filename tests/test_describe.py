@@ -36,3 +36,9 @@ def test_the_table_is_markdown_with_a_row_per_option():
     assert table[0] == "| option | default | what it is |"
     assert len(table) == 2 + len(method_defaults("sgpr"))
     assert all(line.count(" | ") >= 2 for line in table[2:])
+
+
+def test_an_option_documented_as_another_methods_takes_that_meaning():
+    """ODVFF documents its kernel "as VFF": the Matérns VFF takes, not the base class's list with 'rbf' in it."""
+    kernel = next(row for row in method_defaults("odvff") if row.name == "kernel")
+    assert "matern32" in kernel.means and "rbf" not in kernel.means

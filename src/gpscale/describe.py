@@ -108,9 +108,22 @@ def _documented_options(cls: type[GPModel]) -> dict[str, str]:
                     else None):
             for names, text in _args_entries(inspect.cleandoc(doc or "")):
                 for name in names:
-                    if not text.startswith("as "):
-                        meanings.setdefault(name, text)
+                    meaning = _deferred(text, name) if text.startswith("as ") else text
+                    if meaning:
+                        meanings.setdefault(name, meaning)
     return meanings
+
+
+def _deferred(text: str, name: str) -> str | None:
+    """The meaning an entry "as `Other`" defers to: the option's entry in the registered method class ``Other``."""
+    from .models.base import available_methods
+
+    other = re.match(r"as `(\w+)`", text)
+    for key in available_methods() if other else ():
+        cls = get_model_class(key)
+        if cls.__name__ == other[1]:
+            return _documented_options(cls).get(name)
+    return None
 
 
 _ENTRY = re.compile(r"^(?P<indent> +)(?P<names>\w+(?:, \w+)*)(?: \([^)]*\))?: (?P<text>.*)$")

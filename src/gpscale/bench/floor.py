@@ -31,8 +31,8 @@ from ..distributed import LOCAL
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
 
-__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops", "count_flops_by_dtype",
-           "floor_seconds", "matmul_rate", "measure",
+__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
+           "count_flops_by_dtype", "floor_seconds", "matmul_rate", "measure",
            "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten

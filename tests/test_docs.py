@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import docs_examples
+from tools.griffe_roles import markdown_roles
 from tools.mkdocs_hooks import MARKER, RESULTS, expand, lists_apart
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
             (docs / figure).write_bytes(b"")
     config = (ROOT / "mkdocs.yml").read_text().replace("docs_dir: docs", f"docs_dir: {docs}")
     config = config.replace("tools/mkdocs_hooks.py", str(ROOT / "tools" / "mkdocs_hooks.py"))
+    config = config.replace("tools/griffe_roles.py", str(ROOT / "tools" / "griffe_roles.py"))
     (tmp_path / "mkdocs.yml").write_text(config)
     environment = {k: v for k, v in os.environ.items() if k != "GPSCALE_DATA"} | {"NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(tmp_path / "mkdocs.yml"),
@@ -83,6 +85,14 @@ def test_the_site_builds_in_strict_mode(tmp_path):
                           env=environment)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "softki" / "index.html").is_file()
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "<code>Kernel</code>" in api and not re.search(r":(func|class|meth|data|mod):", api)
+
+
+def test_sphinx_roles_become_the_code_sphinx_would_show():
+    text = ":func:`gpscale.train.fit`, :class:`~gpscale.kernels.Kernel`, :ref:`the guide <routing>` and :py:meth:`x.y`"
+    assert markdown_roles(text) == "`gpscale.train.fit`, `Kernel`, `the guide` and `x.y`"
+    assert markdown_roles("``literal`` and `code`") == "``literal`` and `code`"
 
 
 def test_a_list_right_after_text_becomes_a_list_as_on_github_but_not_inside_code():

@@ -58,6 +58,15 @@ def test_check_estimator_with_every_default(estimator, check):  # one test per c
     check(estimator)
 
 
+def test_predict_keywords_are_options_not_routed_metadata_and_help_is_mostly_ours():
+    import pydoc
+
+    assert not hasattr(GPRegressor(), "set_predict_request")  # return_std, return_cov, latent are not metadata
+    assert hasattr(GPRegressor(), "set_score_request")  # sample_weight is
+    text = pydoc.render_doc(GPRegressor, renderer=pydoc.plaintext)
+    assert "R² of ``predict(X)``" in text and "Return the coefficient of determination" not in text
+
+
 def test_fit_copies_a_kernel_object_and_the_trained_copy_is_kernel_():
     from gpscale.kernels import Matern
 

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.utils.metadata_routing import UNUSED
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -492,6 +493,9 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     """
 
     _task = "regression"
+    # predict's keywords choose what it returns; they are not per-row metadata, so scikit-learn's metadata routing
+    # has nothing to route for them (and generates no set_predict_request)
+    __metadata_request__predict = {"return_std": UNUSED, "return_cov": UNUSED, "latent": UNUSED}
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
                  optimizer=None, kernel=None, noise=None, learn_noise=None, x_scaling="standard", normalize_y=True,
@@ -546,6 +550,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         if not return_std:
             return mean
         return mean, np.sqrt(var.double().cpu().numpy()) * self.y_std_
+
+    def score(self, X, y, sample_weight=None):
+        """R² of ``predict(X)`` against y, scikit-learn's score for regressors (model selection and ``cross_val_score``
+        use it). It sees only the mean: for the intervals, score with ``gpscale.metrics`` (``nlpd``, ``coverage``)."""
+        return super().score(X, y, sample_weight=sample_weight)
 
     @torch.no_grad()
     def sample_y(self, X, n_samples=1, random_state=0, latent=False):
@@ -666,6 +675,11 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
         """The most probable class (n*,) of each row."""
         most_probable = self.predict_proba(X).argmax(axis=1)  # first: it checks that the model is fitted
         return self.classes_[most_probable]
+
+    def score(self, X, y, sample_weight=None):
+        """Accuracy of ``predict(X)`` against y, scikit-learn's score for classifiers. It sees only the most probable
+        class: for the probabilities, score ``predict_proba`` (e.g. with ``sklearn.metrics.log_loss``)."""
+        return super().score(X, y, sample_weight=sample_weight)
 
     def _header(self) -> dict:
         return {"classes": self.classes_.tolist()}

@@ -265,6 +265,29 @@ def test_15_the_elbo_gradient_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda *_: model.elbo(X, y, 8), params)
 
 
+@pytest.mark.parametrize("rows_per_chunk", [900, 100, 7])  # 3 of the 8 blocks a chunk; one block in row chunks
+def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeypatch, rows_per_chunk):
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(300, 5, generator=g, dtype=F64)
+    model = HVGP(5, n_inducing=16, group="pca_negation", n_ways=3).double()  # T = 8 blocks, orbits of S = 8
+    model.init(X, target(X), seed=0)
+    features = model.features
+    inputs = [features.Z, *features.kernel.parameters()]
+
+    def value_and_gradient(blocks=slice(None)):
+        K = features.Kuf(X, blocks)
+        return K, torch.autograd.grad((K * torch.linspace(-1, 1, K.numel(), dtype=F64).view(K.shape)).sum(), inputs)
+
+    whole, whole_grad = value_and_gradient()
+    row_bytes = features.action.order * 16 * X.element_size()
+    monkeypatch.setattr("gpscale.models.hvgp.KUF_CHUNK_BYTES", rows_per_chunk * row_bytes)
+    chunked, chunked_grad = value_and_gradient()
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
+    for a, b in zip(chunked_grad, whole_grad):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(features.Kuf(X, slice(1, 4)), whole[1:4], rtol=1e-12, atol=1e-14)
+
+
 def test_prediction_chunks_shrink_with_the_orbit():
     big = HVGP(3, n_inducing=250, group="longitude", period=12)  # S = 12, T = 7: 21,000 orbit points
     assert big.chunk_size == 2**22 // 21_000

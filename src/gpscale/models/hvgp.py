@@ -68,38 +68,32 @@ class HarmonicFeatures(InducingFeatures):
         never k; the orbit is taken of Z (k_t is symmetric), so its size does not grow with the batch.
 
         Formed in chunks of blocks (and of rows, where one block's would be too large) whose kernel matrix
-        [c, S, T, m] holds at most :data:`KUF_CHUNK_BYTES`: the kernel's element-wise passes each make a temporary
+        against the orbits holds at most :data:`KUF_CHUNK_BYTES`: the kernel's element-wise passes each make a temporary
         of that size, and glibc's malloc maps every block above its threshold (32 MiB at most) afresh and unmaps it
         when freed, so the kernel faults in and zeroes its pages again in every step; below it, freed memory is
         reused. At the floor protocol's paper size (1,024 rows, 8 blocks of 256 points, orbits of 8: a 67 MB kernel
-        matrix whole, 8 MB a block) a training step took 688-783 ms whole and 440-505 ms in chunks of one block on
-        one thread (processes alternating), with a third of the page faults and a peak 90 MB lower."""
+        matrix whole, 8 MB a block) a training step took 662-723 ms whole and 417-478 ms in chunks of one block on
+        one thread (processes alternating), with a third of the page faults and a peak 90 MB lower; on two threads
+        447-511 against 313-346 ms."""
         kernel = kernel_on(self.kernel, X.device)
         if self.shared:  # one orbit serves every block
             W = self.action.weights(X.dtype, X.device)[blocks]
             return torch.einsum("ts,sij->tji", W, orbit_gram(kernel, self.action, X, self.Z.to(X.device)))
-        ts = range(self.blocks)[blocks]
-        row_bytes = self.action.order * self.Z.shape[-2] * X.element_size()  # one row against one block's orbit
-        rows = max(1, KUF_CHUNK_BYTES // row_bytes)
-        row_chunks = X.split(rows) if rows < X.shape[0] else (X,)
-        per_chunk = max(1, rows // X.shape[0])  # blocks in a chunk
-        block_chunks = [slice(a, min(a + per_chunk, ts.stop)) for a in range(ts.start, ts.stop, per_chunk)]
-        if len(row_chunks) == 1 and len(block_chunks) == 1:
-            return self._orbit_Kuf(kernel, X, blocks)
-        return torch.cat([torch.cat([self._orbit_Kuf(kernel, part, chunk) for part in row_chunks], dim=-1)
-                          for chunk in block_chunks])
-
-    def _orbit_Kuf(self, kernel: Kernel, X: Tensor, blocks: slice) -> Tensor:
-        """``k_t(Z_t, X)`` [T, m, c] of the blocks in ``blocks`` in one kernel evaluation against their orbits."""
-        W = self.action.weights(X.dtype, X.device)[blocks]
-        Z = self.Z[blocks].to(X.device)  # block t takes row t of W
+        W = self.action.weights(X.dtype, X.device)[blocks]  # block t takes row t
+        Z = self.Z[blocks].to(X.device)
         T, m, d = Z.shape
         orbits = self.action.orbit(Z.reshape(T * m, d)).view(-1, T, m, d).transpose(0, 1)  # [T, S, m, d]
-        K = kernel(X, orbits.reshape(-1, d)).view(X.shape[0], T, -1, m)  # [c, T, S, m]
-        # laid out so that block t's weighted sum over s is a [1, S] x [S, m] product on the kernel's own memory
-        # (c T of them in one batched product): an einsum over [c, S, T, m] would copy it to lay it out, and a
-        # broadcast multiply and sum would write a temporary of its size, each slower than the kernel itself
-        return (W.unsqueeze(-2) @ K).squeeze(-2).permute(1, 2, 0)
+        rows = max(1, KUF_CHUNK_BYTES // (orbits.shape[1] * m * X.element_size()))  # against one block's orbit
+        row_chunks = X.split(rows) if rows < X.shape[0] else (X,)
+        per_chunk = max(1, rows // X.shape[0])  # blocks in a chunk
+
+        def blocks_from(t: int) -> Tensor:  # blocks t .. t + per_chunk - 1, against every chunk of rows
+            parts = [_weighted_orbit_gram(kernel, part, orbits[t:t + per_chunk], W[t:t + per_chunk])
+                     for part in row_chunks]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+        chunks = [blocks_from(t) for t in range(0, T, per_chunk)]
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
     def Kuu(self, blocks: slice = ALL, device: torch.device | None = None) -> Tensor:
         """``k_t(Z_t, Z_t)`` [T, m, m] for the blocks in ``blocks``, on ``device`` (default: Z's), from half the
@@ -114,6 +108,16 @@ class HarmonicFeatures(InducingFeatures):
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)
+
+
+def _weighted_orbit_gram(kernel: Kernel, X: Tensor, orbits: Tensor, W: Tensor) -> Tensor:
+    """``sum_s W[t, s] k(G^s Z_t, X)`` [T, m, c] from the orbits [T, S, m, d] of T blocks, in one kernel evaluation."""
+    T, S, m, d = orbits.shape
+    K = kernel(orbits.reshape(-1, d), X).view(T, S, m * X.shape[0])
+    # block t's weighted sum over s is one [1, S] x [S, m c] product on the kernel's own memory, forward and
+    # backward: the kernel laid out [c, T, S, m] made the product a broadcast one, whose backward ran as some
+    # thousands of per-row copies and small products in a step
+    return (W.unsqueeze(-2) @ K).view(T, m, X.shape[0])
 
 
 def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:

@@ -97,7 +97,7 @@ def test_a_fit_killed_mid_training_resumes_from_its_checkpoint_to_the_uninterrup
     data, X = _train_csv(tmp_path)
     state = tmp_path / "state.pt"
     argv = [sys.executable, "-m", "gpscale", "fit", str(data), "--target", "y", "--method", method, "--n-inducing",
-            "16", "--batch-size", "16", "--epochs", "20", "--quiet", "--checkpoint", str(state)]
+            "16", "--batch-size", "16", "--epochs", "10", "--quiet", "--checkpoint", str(state)]
     job = subprocess.Popen(argv + ["-o", str(tmp_path / "m.gps")], env=ENV)
     try:
         _wait_for(state, job)
@@ -142,7 +142,7 @@ def test_ctrl_c_during_a_fit_leaves_a_checkpoint_that_resumes_to_the_uninterrupt
     data, X = _train_csv(tmp_path, n=80)
     checkpoint = tmp_path / "state.pt"
     argv = [sys.executable, "-m", "gpscale", "fit", str(data), "--target", "y", "--method", "svgp",
-            "--n-inducing", "10", "--batch-size", "8", "--epochs", "100", "--quiet", "--checkpoint", str(checkpoint)]
+            "--n-inducing", "10", "--batch-size", "8", "--epochs", "40", "--quiet", "--checkpoint", str(checkpoint)]
     # a terminal's Ctrl-C: SIGINT at its default disposition in the child, whatever this process inherited (a child
     # keeps an ignored SIGINT ignored, and Python then installs no KeyboardInterrupt handler)
     job = subprocess.Popen(argv + ["-o", str(tmp_path / "m.gps")], env=ENV, stderr=subprocess.PIPE, text=True,

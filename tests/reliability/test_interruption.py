@@ -97,7 +97,7 @@ def test_a_fit_killed_mid_training_resumes_from_its_checkpoint_to_the_uninterrup
     data, X = _train_csv(tmp_path)
     state = tmp_path / "state.pt"
     argv = [sys.executable, "-m", "gpscale", "fit", str(data), "--target", "y", "--method", method, "--n-inducing",
-            "16", "--batch-size", "16", "--epochs", "10", "--quiet", "--checkpoint", str(state)]
+            "16", "--batch-size", "16", "--epochs", "20", "--quiet", "--checkpoint", str(state)]
     job = subprocess.Popen(argv + ["-o", str(tmp_path / "m.gps")], env=ENV)
     try:
         _wait_for(state, job)

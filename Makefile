@@ -13,7 +13,8 @@ install:
 
 # two pytest-xdist workers of one thread each (tests/conftest.py): most tests are small matrices, which a second
 # thread does not speed up and a second worker does. Work stealing: a worker that runs out takes the other's queued
-# tests, so the suite does not end on one worker's long tail (with two slow tests trimmed: 640 -> 566 s here)
+# tests, so the suite does not end on one worker's long tail (with the README and Ctrl-C tests trimmed: 640 -> 552 s
+# on the 2-core machine)
 test: install
 	$(PYTHON) -m pytest -q -n 2 --dist worksteal
 

@@ -286,6 +286,7 @@ def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeyp
     for a, b in zip(chunked_grad, whole_grad):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(features.Kuf(X, slice(1, 4)), whole[1:4], rtol=1e-12, atol=1e-14)
+    assert features.Kuf(X[:0]).shape == (8, 16, 0)  # a rank with no rows of the batch (data parallelism)
 
 
 def test_prediction_chunks_shrink_with_the_orbit():

@@ -84,7 +84,7 @@ class HarmonicFeatures(InducingFeatures):
         orbits = self.action.orbit(Z.reshape(T * m, d)).view(-1, T, m, d).transpose(0, 1)  # [T, S, m, d]
         rows = max(1, KUF_CHUNK_BYTES // (orbits.shape[1] * m * X.element_size()))  # against one block's orbit
         row_chunks = X.split(rows) if rows < X.shape[0] else (X,)
-        per_chunk = max(1, rows // X.shape[0])  # blocks in a chunk
+        per_chunk = max(1, rows // max(1, X.shape[0]))  # blocks in a chunk (a rank may hold no rows of a batch)
 
         def blocks_from(t: int) -> Tensor:  # blocks t .. t + per_chunk - 1, against every chunk of rows
             parts = [_weighted_orbit_gram(kernel, part, orbits[t:t + per_chunk], W[t:t + per_chunk])
@@ -114,8 +114,8 @@ def _weighted_orbit_gram(kernel: Kernel, X: Tensor, orbits: Tensor, W: Tensor) -
     T, S, m, d = orbits.shape
     K = kernel(orbits.reshape(-1, d), X).view(T, S, m * X.shape[0])
     # block t's weighted sum over s is one [1, S] x [S, m c] product on the kernel's own memory, forward and
-    # backward: the kernel laid out [c, T, S, m] made the product a broadcast one, whose backward ran as some
-    # thousands of per-row copies and small products in a step
+    # backward, at any chunk size: laid out [c, T, S, m], a chunk of one block made it a broadcast product whose
+    # backward ran as some 8,000 copies and 25,000 selects a step
     return (W.unsqueeze(-2) @ K).view(T, m, X.shape[0])
 
 

@@ -24,6 +24,7 @@ from . import lbfgs
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .device import check_failed, deferred_checks, pinned_for, to_device
 from .distributed import LOCAL, Comm, broadcast_state
+from .heap import keep_temporaries_on_heap
 from .io import check_writable, write_atomically
 from .linalg import NotPSDError
 from .models.base import GPModel
@@ -169,6 +170,7 @@ def fit(
                          "schedule=None (training to convergence steps the learning rate down on plateaus).")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
+    keep_temporaries_on_heap()
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)

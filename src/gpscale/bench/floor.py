@@ -28,6 +28,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from .._version import __version__
 from ..defaults import default_dtype
 from ..distributed import LOCAL
+from ..heap import keep_temporaries_on_heap
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective
 
@@ -185,7 +186,8 @@ def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtyp
 def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     """``step(X, y, batch_size=None)``: one pass of :func:`gpscale.train.fit`'s own epoch loop over (X, y) in batches
     of ``batch_size`` rows (default: all of them), a natural-gradient step where the model takes one, then an Adam
-    step; one process."""
+    step; one process, with fit's malloc thresholds (:mod:`gpscale.heap`)."""
+    keep_temporaries_on_heap()
     optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
     objective = _Objective(model)
 

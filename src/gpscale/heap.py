@@ -1,0 +1,66 @@
+"""Keeping a training step's temporaries on glibc's heap, so that their pages are not faulted in afresh every step.
+
+A training step makes and frees the same temporaries every time: kernel matrices and their element-wise passes,
+megabytes each (ODVGP's additive kernel, [17, 400, 300] float32, is 8 MB a pass). glibc's malloc serves a request
+above its mmap threshold with a fresh mapping and unmaps it on free, and returns free memory at the top of its heap
+to the system beyond its trim threshold; either way the next step's tensor of that size touches new pages, and
+the kernel faults in and zeroes each 4 KiB of it. glibc raises both thresholds by itself as mapped blocks are freed,
+but only to the size of the largest block freed so far, and a step whose temporaries are all about one size keeps
+missing: a loop that makes four 8 MiB tensors a pass faulted in 614 pages a pass with glibc's own thresholds, none
+with the ones below.
+
+:func:`keep_temporaries_on_heap` fixes the thresholds at the ceiling glibc's own rule reaches on a 64-bit machine:
+requests up to 32 MiB come from the heap, and up to 64 MiB of free heap is kept. Larger tensors are mapped as
+before, so that a loop of large temporaries cannot pile up freed blocks on the heap (PyTorch allocates with
+``posix_memalign``, whose request does not fit the block a freed tensor of the same size leaves behind).
+
+It acts once per process, on Linux with glibc only, when :func:`gpscale.train.fit` first runs; it is a no-op where
+the environment already sets malloc's thresholds (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+``MALLOC_TOP_PAD_``) or sets ``GPSCALE_MALLOC=default``. The setting stays for the rest of the process: glibc has
+no way back to its dynamic rule.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+
+__all__ = ["keep_temporaries_on_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+
+# mallopt's parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit machines: its own rule's ceiling
+TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # where glibc's dynamic rule puts the trim threshold beside it
+
+_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_applied: bool | None = None
+
+
+def _mallopt():
+    """glibc's ``mallopt``, or None off glibc."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+
+
+def keep_temporaries_on_heap() -> bool:
+    """Set glibc's mmap and trim thresholds to :data:`MMAP_THRESHOLD` and :data:`TRIM_THRESHOLD`, once per process
+    (see the module docstring). Returns whether this process's thresholds are gpscale's."""
+    global _applied
+    if _applied is None:
+        wanted = os.environ.get("GPSCALE_MALLOC", "tuned")
+        if wanted not in ("tuned", "default"):
+            raise ValueError(f"GPSCALE_MALLOC must be 'tuned' or 'default', got {wanted!r}: unset it for gpscale's "
+                             "malloc thresholds, or set it to 'default' to leave glibc's own.")
+        _applied = False
+        mallopt = _mallopt() if wanted == "tuned" and not any(v in os.environ for v in _USER_SETTINGS) else None
+        if mallopt is not None:
+            _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD,
+                                                                                          TRIM_THRESHOLD))
+    return _applied

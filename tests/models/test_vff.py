@@ -66,6 +66,31 @@ def test_separable_closed_form_backward_equals_autograd_of_the_formula(kind, nu)
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.parametrize("needed", ["X1", "X2", "variance", "none"])
+def test_additive_kernel_gradient_of_only_some_inputs(needed):
+    """The additive kernel's backward when only one of its inputs is differentiated (gamma fixed, frozen
+    variances): that gradient still equals autograd's of the formula."""
+    X1, X2 = problem(6, 3)[0], problem(4, 3, seed=1)[0]
+    k = AdditiveMatern(3, nu=1.5, lengthscale=0.4, outputscale=1.5).double()
+    k.raw_lengthscale.requires_grad_(False)
+    k.raw_variance.requires_grad_(needed == "variance")
+    X1.requires_grad_(needed == "X1")
+    X2.requires_grad_(needed == "X2")
+    weights = torch.randn(6, 4, dtype=F64, generator=torch.Generator().manual_seed(3))
+    K = k(X1, X2)
+    softplus = torch.nn.functional.softplus
+    reference_K = _separable_by_autograd("additive", 1.5, X1, X2, softplus(k.raw_lengthscale),
+                                         softplus(k.raw_variance))
+    torch.testing.assert_close(K, reference_K)
+    if needed == "none":
+        assert not K.requires_grad
+        return
+    wrt = {"X1": X1, "X2": X2, "variance": k.raw_variance}[needed]
+    ours, = torch.autograd.grad((K * weights).sum(), wrt)
+    reference, = torch.autograd.grad((reference_K * weights).sum(), wrt)
+    torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-11)
+
+
 def additive_features(D, F, lengthscale=0.1, variance=1.0, nu=1.5):
     kernel = AdditiveMatern(D, nu=nu, lengthscale=lengthscale, outputscale=variance * D).double()
     features = FourierFeatures(kernel, F).double()

@@ -22,6 +22,31 @@ from .stationary import SOFTPLUS_ZERO, Kernel, inverse_softplus
 __all__ = ["AdditiveMatern", "ProductMatern"]
 
 
+def _differences(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """u = a_d - b_d [D, n1, n2] for A [n1, D] and B [n2, D], z = |u| and e = exp(-z)."""
+    u = A.T.unsqueeze(-1) - B.T.unsqueeze(-2)
+    z = u.abs()
+    return u, z, torch.neg(z).exp_()
+
+
+def _profile(z: Tensor, e: Tensor, nu: float) -> Tensor:
+    """The 1-D Matérn-nu correlation g at z = |u| (e = exp(-z)); for nu = 1/2 it is e itself, not a copy."""
+    if nu == 0.5:
+        return e
+    if nu == 1.5:
+        return torch.addcmul(e, z, e)
+    return z.div(3.0).add_(1.0).mul_(z).add_(1.0).mul_(e)
+
+
+def _slope(u: Tensor, z: Tensor | None, e: Tensor, nu: float) -> Tensor:
+    """dg/du (a new tensor); z = |u| is read for nu = 5/2 only."""
+    if nu == 0.5:
+        return torch.sign(u).mul_(e).neg_()
+    if nu == 1.5:
+        return torch.mul(u, e).neg_()
+    return z.add(1.0).mul_(u).mul_(e).div_(-3.0)
+
+
 class _MaternFactors(torch.autograd.Function):
     """The 1-D Matérn-nu correlations ``g(|u|)`` [D, n1, n2] with ``u = a_d - b_d`` for inputs already scaled by
     ``sqrt(2 nu) / l_d``, A [n1, D] and B [n2, D], with the backward in closed form:
@@ -32,38 +57,56 @@ class _MaternFactors(torch.autograd.Function):
 
     so ``dL/da = sum_j dL/dg * dg/du`` and ``dL/db = -sum_i dL/dg * dg/du``. Autograd through the expression keeps
     every [D, n1, n2] intermediate (difference, |.|, scaled distance, exponential, polynomial) and takes a pass
-    over each on the way back; for the additive kernels of ODVGP and ODVFF, with D of 10 to 20, those passes are
-    most of a training step. At u = 0 the slope is 0 (sign(0) = 0), the derivative of every profile there.
+    over each on the way back. At u = 0 the slope is 0 (sign(0) = 0), the derivative of every profile there.
     """
 
     @staticmethod
     def forward(ctx, A: Tensor, B: Tensor, nu: float) -> Tensor:
-        u = A.T.unsqueeze(-1) - B.T.unsqueeze(-2)
-        z = u.abs()
-        e = torch.neg(z).exp_()
-        if nu == 0.5:
-            g = e.clone()
-        elif nu == 1.5:
-            g = torch.addcmul(e, z, e)
-        else:
-            g = z.div(3.0).add_(1.0).mul_(z).add_(1.0).mul_(e)
+        u, z, e = _differences(A, B)
+        g = _profile(z, e, nu)
         ctx.nu = nu
         ctx.save_for_backward(u, e)
-        return g
+        return g.clone() if g is e else g
 
     @staticmethod
     @once_differentiable  # the saved u and e are not differentiable functions of A and B
     def backward(ctx, grad: Tensor):
         u, e = ctx.saved_tensors
-        if ctx.nu == 0.5:
-            slope = torch.sign(u).mul_(e).neg_()
-        elif ctx.nu == 1.5:
-            slope = torch.mul(u, e).neg_()
-        else:
-            slope = u.abs().add_(1.0).mul_(u).mul_(e).div_(-3.0)
-        H = slope.mul_(grad)
+        H = _slope(u, u.abs() if ctx.nu == 2.5 else None, e, ctx.nu).mul_(grad)
         need_A, need_B, _ = ctx.needs_input_grad
         return (H.sum(-1).T if need_A else None), (H.sum(-2).T.neg() if need_B else None), None
+
+
+class _AdditiveMaternGram(torch.autograd.Function):
+    """``K = sum_d w_d g(|a_d - b_d|)`` [n1, n2] for inputs scaled as :class:`_MaternFactors`' and weights w [D],
+    with G = dL/dK and per dimension
+
+        dL/dw_d = sum_ij G_ij g_dij,     dL/da_di = w_d sum_j G_ij g'_dij,     dL/db_dj = -w_d sum_i G_ij g'_dij
+
+    The factors' function followed by a weighted sum would pass the weights' outer product with G [D, n1, n2] to
+    its backward (a product of inner dimension 1 through the [D, n1, n2] tensor, then a multiply); here w_d
+    multiplies the row and column sums instead, [D, n1] and [D, n2].
+    """
+
+    @staticmethod
+    def forward(ctx, A: Tensor, B: Tensor, w: Tensor, nu: float) -> Tensor:
+        u, z, e = _differences(A, B)
+        g = _profile(z, e, nu)
+        ctx.nu = nu
+        ctx.save_for_backward(u, e, g, w)
+        return (w @ g.view(w.shape[0], -1)).view(g.shape[1:])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G: Tensor):
+        u, e, g, w = ctx.saved_tensors
+        need_A, need_B, need_w, _ = ctx.needs_input_grad
+        dw = g.view(w.shape[0], -1) @ G.reshape(-1) if need_w else None
+        if not (need_A or need_B):
+            return None, None, dw, None
+        H = _slope(u, u.abs() if ctx.nu == 2.5 else None, e, ctx.nu).mul_(G)
+        w = w.unsqueeze(-1)
+        return (H.sum(-1).mul_(w).T if need_A else None), (H.sum(-2).mul_(w).neg_().T if need_B else None), dw, None
 
 
 class _SeparableMatern(Kernel):
@@ -85,10 +128,13 @@ class _SeparableMatern(Kernel):
     def config(self) -> dict:
         return {"n_features": self.n_features, "nu": self.nu}
 
+    def scaled(self, X: Tensor) -> Tensor:
+        """X [n, D] in units of the Matérn's scaled distance, ``x_d sqrt(2 nu) / l_d``."""
+        return X * (math.sqrt(2.0 * self.nu) / self.lengthscale.to(X.dtype))
+
     def factors(self, X1: Tensor, X2: Tensor) -> Tensor:
         """The 1-D correlations g(|x_d - x'_d| / l_d) [D, n1, n2]."""
-        scale = math.sqrt(2.0 * self.nu) / self.lengthscale.to(X1.dtype)
-        return _MaternFactors.apply(X1 * scale, X2 * scale, self.nu)
+        return _MaternFactors.apply(self.scaled(X1), self.scaled(X2), self.nu)
 
 
 class AdditiveMatern(_SeparableMatern):
@@ -113,7 +159,7 @@ class AdditiveMatern(_SeparableMatern):
         return softplus(self.raw_variance)
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
-        return torch.einsum("d,dij->ij", self.variance.to(X1.dtype), self.factors(X1, X2))
+        return _AdditiveMaternGram.apply(self.scaled(X1), self.scaled(X2), self.variance.to(X1.dtype), self.nu)
 
     def diag(self, X: Tensor) -> Tensor:
         return self.variance.to(X.dtype).sum().expand(X.shape[0]).clone()

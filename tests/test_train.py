@@ -328,3 +328,26 @@ def test_a_degenerate_fit_is_an_error_when_training_converged_there_and_a_warnin
 ])
 def test_the_null_loss_is_the_likelihood_of_the_model_that_ignores_the_inputs(likelihood, y, expected):
     assert likelihood.null_loss(y) == pytest.approx(expected, rel=1e-12)
+
+
+def test_fits_adam_is_adam():
+    """fit's Adam (PyTorch's fused update) moves the parameters as the per-tensor Adam does, to round-off, over
+    parameter groups of their own learning rates and weight decay (DBK's network)."""
+    import copy
+    from gpscale.train import adam
+    torch.manual_seed(0)
+    X = torch.randn(64, 3, dtype=torch.float64)
+    y = torch.sin(X[:, 0])
+    from gpscale.models import get_model_class
+    fused = get_model_class("dbk")(3, n_basis=8, width=16, weight_decay=1e-3).double()
+    fused.init(X, y, seed=0)
+    reference = copy.deepcopy(fused)
+    optimisers = [adam(fused, 0.01), torch.optim.Adam(reference.parameter_groups(), lr=0.01, foreach=False)]
+    for _ in range(5):
+        for optimiser, model in zip(optimisers, (fused, reference)):
+            optimiser.zero_grad()
+            model.loss(X, y, 64).backward()
+            optimiser.step()
+    for a, b in zip(fused.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert optimisers[0].defaults["fused"]

@@ -30,7 +30,7 @@ from ..defaults import default_dtype
 from ..distributed import LOCAL
 from ..heap import keep_temporaries_on_heap
 from ..models import get_model_class
-from ..train import Shard, _epoch, _Objective
+from ..train import Shard, _epoch, _Objective, adam
 
 __all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
            "count_flops_by_dtype", "floor_seconds", "matmul_rate", "measure",
@@ -188,7 +188,7 @@ def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     of ``batch_size`` rows (default: all of them), a natural-gradient step where the model takes one, then an Adam
     step; one process, with fit's malloc thresholds (:mod:`gpscale.heap`)."""
     keep_temporaries_on_heap()
-    optimiser = torch.optim.Adam(model.parameter_groups(), lr=lr)
+    optimiser = adam(model, lr)
     objective = _Objective(model)
 
     def step(X, y, batch_size=None):

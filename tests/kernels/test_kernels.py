@@ -85,20 +85,24 @@ def test_the_closed_form_backward_equals_autograd_of_the_formula(points, name):
         torch.autograd.gradcheck(lambda x: k(x, points[0][:4].clone()), (X,))
 
 
-@pytest.mark.parametrize("name", ["rbf", "matern32"])
-def test_batched_self_grams_equal_one_call_per_set_in_value_and_gradient(name):
-    """Stationary.self_grams forms c Gram matrices in one batched call (the conv kernel's diagonal); the base
-    Kernel's loop of one call per set is the reference, in value and in every gradient."""
-    A = torch.randn(4, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+@pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
+def test_weighted_self_grams_equal_one_gram_matrix_per_set_in_value_and_gradient(name):
+    """Stationary.weighted_self_grams (the conv kernel's diagonal: sum_pq W_pq k(a_p, a_q) per set, in one batched
+    call with its own backward) against the base Kernel's loop of one Gram matrix per set, in value and in the
+    gradient of every input: the points, the symmetric weights and the hyperparameters."""
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(4, 7, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    B = torch.randn(7, 7, dtype=torch.float64, generator=g)
+    W = (B + B.T).requires_grad_()
     k = with_params(make_kernel(name, 3).double(), LS, 2.5)
-    weights = torch.randn(4, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
-    wrt = [A, k.raw_lengthscale, k.raw_outputscale]
-    batched = k.self_grams(A)
-    looped = Kernel.self_grams(k, A)
-    torch.testing.assert_close(batched, looped, rtol=1e-12, atol=1e-14)
-    for a, b in zip(torch.autograd.grad((batched * weights).sum(), wrt),
-                    torch.autograd.grad((looped * weights).sum(), wrt)):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    outer = torch.randn(4, dtype=torch.float64, generator=g)
+    wrt = [A, W, k.raw_lengthscale, k.raw_outputscale]
+    batched = k.weighted_self_grams(A, W)
+    looped = Kernel.weighted_self_grams(k, A, W)
+    torch.testing.assert_close(batched, looped, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((batched * outer).sum(), wrt),
+                    torch.autograd.grad((looped * outer).sum(), wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 
 
 def test_hyperparameters_stay_positive_under_any_raw_value():

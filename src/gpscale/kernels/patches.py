@@ -324,19 +324,18 @@ class ConvKernel(Kernel):
     def diag(self, X: Tensor) -> Tensor:
         """``k(x, x) = w^T K_pp(x) w / P^2`` [n] from each image's [P, P] patch Gram matrix (the Gram matrices
         differ between images, so this is the cost of the exact variance), c = max(1, 2^18 / P^2) images at a time
-        through the patch kernel's :meth:`~gpscale.kernels.Kernel.self_grams` (one batched call for a stationary
-        kernel): memory O(c P^2)."""
+        through the patch kernel's :meth:`~gpscale.kernels.Kernel.weighted_self_grams` with weights ``w w^T / P^2``
+        (times k_loc(l, l) for TICK; one batched call with its own backward for a stationary kernel): memory
+        O(c P^2)."""
         if not len(X):
             return X.new_zeros(0)
         P = self.geometry.n_patches
         w = self.scaled_weights(X)
-        K_loc = self.location_self_gram(X) if self.tick else None  # once: the positions are every image's
-        values = []
-        for Xc in torch.split(X, max(1, DIAG_ENTRIES // P**2)):
-            K = self.patch_kernel.self_grams(self.geometry.extract(Xc))  # [c, P, P]
-            if K_loc is not None:
-                K = K * K_loc
-            values.append(torch.einsum("cpq,p,q->c", K, w, w))
+        weights = torch.outer(w, w)
+        if self.tick:  # once: the positions are every image's
+            weights = weights * self.location_self_gram(X)
+        values = [self.patch_kernel.weighted_self_grams(self.geometry.extract(Xc), weights)
+                  for Xc in torch.split(X, max(1, DIAG_ENTRIES // P**2))]
         return torch.cat(values)
 
 

@@ -53,10 +53,11 @@ class Kernel(nn.Module):
     def diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def self_grams(self, A: Tensor) -> Tensor:
-        """``k(A_i, A_i)`` [c, r, r] for each of c point sets A [c, r, d]: one call per set here; kernels whose
-        forward takes leading batch axes (:class:`Stationary`) form them all in one call."""
-        return torch.stack([self(a, a) for a in A])
+    def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
+        """``sum_pq W_pq k(a_ip, a_iq)`` [c] for each of c point sets A [c, r, d], with a symmetric W [r, r] (the
+        variance of a weighted sum of f over each set): one Gram matrix per set here; :class:`Stationary` forms
+        them all in one call, with a backward of its own."""
+        return torch.stack([(self(a, a) * weights).sum() for a in A])
 
 
 class Stationary(Kernel):
@@ -115,8 +116,9 @@ class Stationary(Kernel):
         ls = self.lengthscale.to(X1.dtype)
         return _StationaryGram.apply(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype), self)
 
-    def self_grams(self, A: Tensor) -> Tensor:
-        return self(A, A)
+    def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
+        ls = self.lengthscale.to(A.dtype)
+        return _WeightedSelfGrams.apply(A / ls, weights, self.outputscale.to(A.dtype), self)
 
     def diag(self, X: Tensor) -> Tensor:
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
@@ -168,6 +170,42 @@ class _StationaryGram(torch.autograd.Function):
             if need_B:
                 dB = (H.sum(-2).unsqueeze(-1) * B - H.transpose(-2, -1) @ A).mul_(2.0 * c)
         return dA, dB, dscale, None
+
+
+class _WeightedSelfGrams(torch.autograd.Function):
+    """``v_i = sum_pq W_pq s^2 g(||a_ip - a_iq||^2)`` [c] for scaled inputs A [c, r, d] and a symmetric W [r, r],
+    with the backward in closed form.
+
+    Both arguments of each Gram matrix are the same points, and with W symmetric so is H (as
+    :class:`_StationaryGram`'s, here with dL/dK_i = dL/dv_i W), so the gradients through the two arguments are equal
+    and ``dL/dA = 4 c (rowsum(H) A - H A)``: one product a set where the Gram matrix's own backward takes two, and
+    no [c, r, r] gradient formed from the weighted sum's backward first. ``dL/dW = sum_i dL/dv_i K_i`` and
+    ``dL/ds^2 = sum_i dL/dv_i v_i / s^2``.
+    """
+
+    @staticmethod
+    def forward(ctx, A: Tensor, weights: Tensor, outputscale: Tensor, kernel: Stationary) -> Tensor:
+        g, state = kernel.profile(_sq_dist(A, A))
+        K = g.mul_(outputscale)
+        values = K.flatten(-2) @ weights.reshape(-1)
+        ctx.kernel = kernel
+        ctx.save_for_backward(A, weights, outputscale, K, values, *state)
+        return values
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        A, weights, outputscale, K, values, *state = ctx.saved_tensors
+        need_A, need_weights, need_scale, _ = ctx.needs_input_grad
+        dA = dweights = dscale = None
+        if need_scale:
+            dscale = (grad @ values) / outputscale
+        if need_weights:
+            dweights = torch.mv(K.flatten(-2).T, grad).view_as(weights)  # not a product of inner dimension c
+        if need_A:
+            H, c = ctx.kernel.weighted_slope(weights * grad[:, None, None], K, outputscale, tuple(state))
+            dA = (H.sum(-1, keepdim=True) * A - H @ A).mul_(4.0 * c)
+        return dA, dweights, dscale, None
 
 
 class RBF(Stationary):

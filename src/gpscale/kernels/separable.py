@@ -38,13 +38,13 @@ def _profile(z: Tensor, e: Tensor, nu: float) -> Tensor:
     return z.div(3.0).add_(1.0).mul_(z).add_(1.0).mul_(e)
 
 
-def _slope(u: Tensor, z: Tensor | None, e: Tensor, nu: float) -> Tensor:
-    """dg/du (a new tensor); z = |u| is read for nu = 5/2 only."""
+def _slope(u: Tensor, e: Tensor, nu: float) -> Tensor:
+    """dg/du (a new tensor) from u and e = exp(-|u|)."""
     if nu == 0.5:
         return torch.sign(u).mul_(e).neg_()
     if nu == 1.5:
         return torch.mul(u, e).neg_()
-    return z.add(1.0).mul_(u).mul_(e).div_(-3.0)
+    return u.abs().add_(1.0).mul_(u).mul_(e).div_(-3.0)
 
 
 class _MaternFactors(torch.autograd.Function):
@@ -72,7 +72,7 @@ class _MaternFactors(torch.autograd.Function):
     @once_differentiable  # the saved u and e are not differentiable functions of A and B
     def backward(ctx, grad: Tensor):
         u, e = ctx.saved_tensors
-        H = _slope(u, u.abs() if ctx.nu == 2.5 else None, e, ctx.nu).mul_(grad)
+        H = _slope(u, e, ctx.nu).mul_(grad)
         need_A, need_B, _ = ctx.needs_input_grad
         return (H.sum(-1).T if need_A else None), (H.sum(-2).T.neg() if need_B else None), None
 
@@ -104,7 +104,7 @@ class _AdditiveMaternGram(torch.autograd.Function):
         dw = g.view(w.shape[0], -1) @ G.reshape(-1) if need_w else None
         if not (need_A or need_B):
             return None, None, dw, None
-        H = _slope(u, u.abs() if ctx.nu == 2.5 else None, e, ctx.nu).mul_(G)
+        H = _slope(u, e, ctx.nu).mul_(G)
         w = w.unsqueeze(-1)
         return (H.sum(-1).mul_(w).T if need_A else None), (H.sum(-2).mul_(w).neg_().T if need_B else None), dw, None
 

@@ -3,7 +3,7 @@ import torch
 
 from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_inverse, gram,
                             inverse_cholesky, lower_inverse, lower_transpose_product, qr_lstsq, qr_r, solve_lower,
-                            tril_matmul, tril_outer, whiten)
+                            tril_matmul, tril_outer, weighted_sum, whiten)
 
 
 def spd(n, seed=0):
@@ -152,6 +152,19 @@ def test_triangular_products_skip_the_zero_triangle_and_equal_the_dense_ones(m, 
         torch.testing.assert_close(a.tril(), b.tril())  # S's upper triangle is not a parameter
     torch.testing.assert_close(tril_outer(A.detach(), W), torch.tril(A.detach() @ W.mT))
     torch.testing.assert_close(tril_matmul(S.detach(), W), S.detach() @ W)
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])  # the variational mean, HVGP's blocks, blocks and classes
+def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
+    """Against the einsum in value, and its own backward (a broadcast multiply for dL/dK, g K^T for dL/dw) against
+    finite differences in both inputs and each alone."""
+    g = torch.Generator().manual_seed(len(batch))
+    w = torch.randn(*batch, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    K = torch.randn(*batch, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(weighted_sum(w, K), torch.einsum("...s,...sn->...n", w, K))
+    assert torch.autograd.gradcheck(weighted_sum, (w, K))
+    assert torch.autograd.gradcheck(lambda K: weighted_sum(w.detach(), K), (K,))
+    assert torch.autograd.gradcheck(lambda w: weighted_sum(w, K.detach()), (w,))
 
 
 @pytest.mark.parametrize("m, block", [(1, 4), (5, 4), (37, 4), (300, 128)])

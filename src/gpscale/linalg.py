@@ -29,6 +29,7 @@ __all__ = [
     "tril_outer",
     "tril_matmul",
     "lower_transpose_product",
+    "weighted_sum",
     "solve_upper",
     "cho_solve",
     "cholesky_inverse",
@@ -239,6 +240,35 @@ def lower_transpose_product(S: Tensor, A: Tensor) -> Tensor:
     skipped forward and backward, 5/8 of a dense product's flops with four blocks (at m = 512 and 1,024 columns,
     2.1 against 2.8 ms forward, two threads, float32)."""
     return _LowerTransposeProduct.apply(S, A)
+
+
+class _WeightedSum(torch.autograd.Function):
+    """``w^T K`` over the second-to-last axis, with dL/dK = w g^T formed by a broadcast multiply: as a matrix
+    product's backward it is a product of inner dimension 1, which ran at a fraction of a multiply's speed (HVGP's
+    [8, 262,144] orbit chunk: 3.3 ms against 2.3 in a profile of its paper step)."""
+
+    @staticmethod
+    def forward(ctx, w: Tensor, K: Tensor) -> Tensor:
+        ctx.save_for_backward(w, K)
+        return (w.unsqueeze(-2) @ K).squeeze(-2)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        w, K = ctx.saved_tensors
+        need_w, need_K = ctx.needs_input_grad
+        # g K^T, not K g: a batched product with one column ran ten times slower than with one row and K
+        # transposed (1.5 against 0.16 ms at [8, 256, 1,024] float32)
+        dw = (grad.unsqueeze(-2) @ K.mT).squeeze(-2) if need_w else None
+        return dw, (torch.mul(w.unsqueeze(-1), grad.unsqueeze(-2)) if need_K else None)
+
+
+def weighted_sum(w: Tensor, K: Tensor) -> Tensor:
+    """``sum_s w[..., s] K[..., s, :]`` [..., N] for w [..., S] and K [..., S, N] (leading axes equal): one product
+    forward, where ``(w[..., None] * K).sum(-2)`` makes a [..., S, N] temporary and reduces across rows, and a
+    broadcast multiply for dL/dK backward. At [8, 256, 1,024] float32 (two threads, the median of 60): forward 0.22
+    against 0.36 ms; forward and backward in both inputs 0.8 against 11 ms."""
+    return _WeightedSum.apply(w, K)
 
 
 def whiten(K: Tensor, L: Tensor, Kuu: Tensor | None = None) -> Tensor:

@@ -265,17 +265,6 @@ def test_15_the_elbo_gradient_passes_gradcheck():
     assert torch.autograd.gradcheck(lambda *_: model.elbo(X, y, 8), params)
 
 
-def test_group_sum_backward_is_the_products():
-    """The orbit's weighted sum (its own backward: a broadcast multiply for dL/dK) against finite differences, in
-    both its inputs."""
-    from gpscale.models.hvgp import _GroupSum
-    g = torch.Generator().manual_seed(2)
-    W = torch.randn(3, 4, generator=g, dtype=F64, requires_grad=True)
-    K = torch.randn(3, 4, 5, generator=g, dtype=F64, requires_grad=True)
-    torch.testing.assert_close(_GroupSum.apply(W, K), torch.einsum("ts,tsn->tn", W, K))
-    assert torch.autograd.gradcheck(_GroupSum.apply, (W, K))
-
-
 @pytest.mark.parametrize("rows_per_chunk", [900, 100, 7])  # 3 of the 8 blocks a chunk; one block in row chunks
 def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeypatch, rows_per_chunk):
     g = torch.Generator().manual_seed(5)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import CORE, cholesky, lower_transpose_product, solve_lower, tril_outer, whiten
+from ..linalg import CORE, cholesky, lower_transpose_product, solve_lower, tril_outer, weighted_sum, whiten
 from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
@@ -220,19 +220,25 @@ class VariationalGP(UnwhitenedQ, GPModel):
         q = {id(self.q_mu), id(self.q_sqrt_raw)}
         return (X._version, *(p._version for p in self.parameters() if id(p) not in q))
 
-    def whitened_moments(self, A: Tensor, q_mu: Tensor, q_sqrt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(a^T m, |S^T a|^2, |a|^2)`` [(C,) c], each summed over the blocks, for A = L^{-1} Kuf [(T,) m, c]."""
+    def whitened_moments(self, A: Tensor, q_mu: Tensor, q_sqrt: Tensor,
+                         nystrom: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(a^T m, |S^T a|^2, |a|^2)`` [(C,) c], each summed over the blocks, for A = L^{-1} Kuf [(T,) m, c]; the
+        last is None without ``nystrom`` (features whose k(x, x) is a^T a exactly leave no Nyström residual)."""
+        q_mu = q_mu.to(A.dtype)
+        mean = q_mu @ A if self.n_latent > 1 else weighted_sum(q_mu, A)  # [(T,) (C,) c]
         if self.n_latent > 1:
             A = A.unsqueeze(-3)  # shared by the C latent functions: [(T,) 1, m, c]
-        mean = (A * q_mu.to(A.dtype).unsqueeze(-1)).sum(-2)  # [(T,) (C,) c]
         SA = lower_transpose_product(q_sqrt.to(A.dtype), A)  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
-        moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2))
-        return moments if self.blocks is None else tuple(t.sum(0) for t in moments)
+        moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2) if nystrom else None)
+        return moments if self.blocks is None else tuple(None if t is None else t.sum(0) for t in moments)
 
-    def marginals(self, Kff_diag: Tensor, mean: Tensor, variance: Tensor, nystrom: Tensor) -> tuple[Tensor, Tensor]:
-        """q(f(X)) [c] (or [c, C]) from the prior variances ``Kff_diag`` [c] at X and :meth:`whitened_moments`."""
-        # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
-        variance = (Kff_diag - nystrom).clamp_min(0.0) + variance
+    def marginals(self, Kff_diag: Tensor | None, mean: Tensor, variance: Tensor,
+                  nystrom: Tensor | None) -> tuple[Tensor, Tensor]:
+        """q(f(X)) [c] (or [c, C]) from the prior variances ``Kff_diag`` [c] at X and :meth:`whitened_moments`;
+        ``Kff_diag`` and ``nystrom`` None where k(x, x) = a^T a exactly."""
+        if Kff_diag is not None:
+            # k(x, x) - a^T a is the Nyström residual, >= 0 in exact arithmetic; clamping removes round-off only
+            variance = (Kff_diag - nystrom).clamp_min(0.0) + variance
         return (mean, variance) if self.n_latent == 1 else (mean.T, variance.T)
 
     def projects(self, X: Tensor) -> bool:

@@ -18,13 +18,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from ..kernels import Kernel
 from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
                                 Product, check_invariant, harmonic_gram, orbit_gram,
                                 pca_directions, subspace_negations)
-from ..linalg import solve_lower
+from ..linalg import solve_lower, weighted_sum
 from ._variational import VariationalGP
 from .base import register
 from .inducing import InducingFeatures, kmeans_centers
@@ -116,27 +115,7 @@ def _weighted_orbit_gram(kernel: Kernel, X: Tensor, orbits: Tensor, W: Tensor) -
     # laid out [T, S, m c], block t's weighted sum over s reads the kernel's own memory at any chunk size: laid out
     # [c, T, S, m], a chunk of one block made it a broadcast product whose backward ran as some 8,000 copies and
     # 25,000 selects a step
-    return _GroupSum.apply(W, kernel(orbits.reshape(-1, d), X).view(T, S, m * X.shape[0])).view(T, m, X.shape[0])
-
-
-class _GroupSum(torch.autograd.Function):
-    """``sum_s W[t, s] K[t, s]`` [T, N] for W [T, S] and K [T, S, N], as T products [1, S] x [S, N]. The matrix
-    product's own backward forms dL/dK = W[t, s] dL/dout[t] as a product of inner dimension 1 (3.3 ms for HVGP's
-    [8, 262,144] chunk in a profile of its paper step, 26 ms of the step's 280); a broadcast multiply forms it here
-    (2.3 ms a chunk in the same profile)."""
-
-    @staticmethod
-    def forward(ctx, W: Tensor, K: Tensor) -> Tensor:
-        ctx.save_for_backward(W, K)
-        return (W.unsqueeze(-2) @ K).squeeze(-2)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        W, K = ctx.saved_tensors
-        need_W, need_K = ctx.needs_input_grad
-        dW = (K @ grad.unsqueeze(-1)).squeeze(-1) if need_W else None
-        return dW, (torch.mul(W.unsqueeze(-1), grad.unsqueeze(-2)) if need_K else None)
+    return weighted_sum(W, kernel(orbits.reshape(-1, d), X).view(T, S, m * X.shape[0])).view(T, m, X.shape[0])
 
 
 def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:

@@ -66,6 +66,16 @@ def test_separable_closed_form_backward_equals_autograd_of_the_formula(kind, nu)
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
 
 
+def test_separable_factors_are_laid_out_one_dimension_after_another():
+    """The [D, n1, n2] differences and everything formed from them are contiguous, so that the passes over them
+    (sums over rows and columns, the weighted sum over D) read memory in order; from the inputs' transposes as
+    strided views torch had laid them out [n1, n2, D]."""
+    from gpscale.kernels.separable import _differences
+    X1, X2 = problem(7, 3)[0], problem(5, 3, seed=1)[0]
+    assert all(t.shape == (3, 7, 5) and t.is_contiguous() for t in _differences(X1, X2))
+    assert ProductMatern(3).double().factors(X1, X2).is_contiguous()
+
+
 @pytest.mark.parametrize("needed", ["X1", "X2", "variance", "none"])
 def test_additive_kernel_gradient_of_only_some_inputs(needed):
     """The additive kernel's backward when only one of its inputs is differentiated (gamma fixed, frozen

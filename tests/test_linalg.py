@@ -166,6 +166,12 @@ def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
     assert torch.autograd.gradcheck(lambda K: weighted_sum(w.detach(), K), (K,))
     assert torch.autograd.gradcheck(lambda w: weighted_sum(w, K.detach()), (w,))
 
+    M = K.detach().mT.contiguous().requires_grad_()  # a sum over a matrix's last axis: K a transposed view
+    torch.testing.assert_close(weighted_sum(w, M.mT), torch.einsum("...s,...ns->...n", w, M))
+    assert torch.autograd.gradcheck(lambda w, M: weighted_sum(w, M.mT), (w, M))
+    weighted_sum(w.detach(), M.mT).sum().backward()
+    assert M.grad.is_contiguous()  # the gradient comes back in M's own layout
+
 
 @pytest.mark.parametrize("m, block", [(1, 4), (5, 4), (37, 4), (300, 128)])
 def test_lower_inverse_by_halves_is_the_inverse(m, block):

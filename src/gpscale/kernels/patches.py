@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from ..device import HostConstants
+from ..linalg import weighted_sum
 from .harmonic import Negation, Product
 from .stationary import Kernel, Matern
 
@@ -279,15 +280,16 @@ class ConvKernel(Kernel):
         if self.tick != (locations is not None):
             raise ValueError("Inducing positions are needed exactly when the kernel has a location kernel (TICK).")
         w = self.scaled_weights(X)  # [P]
-        K_loc = None if locations is None else self.location_gram(locations, X).unsqueeze(-2)  # [..., m, 1, P]
+        # each inducing variable's weights over the patches, w_p [* k_loc(l, l_p)]: [..., m, P]
+        v = w if locations is None else self.location_gram(locations, X) * w
         columns = []
         for Xc in torch.split(X, max(1, int(images_per_chunk))):
             patches = self.geometry.extract(Xc)  # [c, P, d]
             K = patch_cross(patches.reshape(-1, self.geometry.patch_dim))  # [..., m, c P]
             K = K.reshape(*K.shape[:-1], Xc.shape[0], self.geometry.n_patches)  # [..., m, c, P]
-            if K_loc is not None:
-                K = K * K_loc
-            columns.append(K @ w)  # [..., m, c]
+            # sum_p v_p K[..., c, p] as one product a row of v, whose backward multiplies v into dL/dK: (K * k_loc)
+            # @ w formed an [..., m, c, P] product and took dL/dK through a product of inner dimension 1
+            columns.append(weighted_sum(v.expand(*K.shape[:-2], v.shape[-1]), K.mT))  # [..., m, c]
         return torch.cat(columns, -1)
 
     def patch_gram(self, patches: Tensor, location_gram: Tensor | None = None) -> Tensor:

@@ -33,6 +33,14 @@ class MeanWeights(NamedTuple):
     gamma: Tensor | None = None
 
 
+def _projection(Kux: Tensor, Kff_diag: Tensor, Kuu) -> tuple[Tensor, Tensor]:
+    """A = Kuu^{-1} phi [M, b] and the residual k(x, x) - phi^T Kuu^{-1} phi [b] (float64), which neither q nor the
+    mean basis enters: a training step's natural-gradient step and loss share them."""
+    A = Kuu.solve(Kux)
+    # >= 0 in exact arithmetic; the clamp removes round-off only
+    return A, (Kff_diag.to(CORE) - (Kux * A).sum(0)).clamp_min(0.0)
+
+
 class UnwhitenedQ:
     """The unwhitened q's algebra, for :class:`~gpscale.models._variational.VariationalGP`, which holds the
     features, the likelihood and q itself (``q_mu``, ``q_sqrt``)."""
@@ -61,10 +69,8 @@ class UnwhitenedQ:
         ``residual + diag(A^T S A)``."""
         Kux, Kff_diag = self.batch_kernels(X)
         Kux = Kux.to(CORE)  # [M, b]
-        A = Kuu.solve(Kux)
+        A, residual = self.step_shared("A, residual", X, lambda: _projection(Kux, Kff_diag, Kuu))
         mean = self.add_mean_basis(X, Kux.T @ weights.w, weights.a, weights.gamma)
-        # k(x, x) - phi^T Kuu^{-1} phi >= 0 in exact arithmetic; the clamp removes round-off only
-        residual = (Kff_diag.to(CORE) - (Kux * A).sum(0)).clamp_min(0.0)
         return mean, residual, A
 
     def unwhitened_elbo(self, X: Tensor, y: Tensor, num_data: int, q_mu: Tensor, L: Tensor) -> Tensor:

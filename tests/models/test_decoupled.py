@@ -237,9 +237,8 @@ def test_11_a_natural_gradient_step_below_one_moves_the_natural_parameters_that_
 @pytest.mark.parametrize("make", ["odvgp", "odvff", "odvff-extra"])
 def test_a_steps_loss_takes_the_matrices_of_its_natural_gradient_step_and_the_same_gradients(make):
     """The natural-gradient step forms K_uu (with its factorisation), K_uf, Kuu^{-1} K_uf with its residual, K_u,gamma
-    and k(x, gamma) with their
-    graph and the loss of the same step takes them (VariationalGP.step_shared): the loss and every gradient equal
-    those of forming them again, and K_uu is formed once a step."""
+    and k(x, gamma) with their graph and the loss of the same step takes them (VariationalGP.step_shared): the loss
+    and every gradient equal those of forming them again, and K_uu is formed once a step."""
     X, y = problem(80, d=2)
 
     def build():

@@ -280,7 +280,7 @@ class ConvKernel(Kernel):
         if self.tick != (locations is not None):
             raise ValueError("Inducing positions are needed exactly when the kernel has a location kernel (TICK).")
         w = self.scaled_weights(X)  # [P]
-        # each inducing variable's weights over the patches, w_p [* k_loc(l, l_p)]: [..., m, P]
+        # the weights over the patches: w [P], or with TICK each inducing variable's w_p k_loc(l, l_p) [..., m, P]
         v = w if locations is None else self.location_gram(locations, X) * w
         columns = []
         for Xc in torch.split(X, max(1, int(images_per_chunk))):

@@ -41,13 +41,14 @@ def _profile(z: Tensor, e: Tensor, nu: float) -> Tensor:
     return z.div(3.0).add_(1.0).mul_(z).add_(1.0).mul_(e)
 
 
-def _slope(u: Tensor, e: Tensor, nu: float) -> Tensor:
-    """dg/du (a new tensor) from u and e = exp(-|u|)."""
+def _slope(u: Tensor, e: Tensor, nu: float) -> tuple[Tensor, float]:
+    """dg/du = c h as h (a new tensor) and the number c, from u and e = exp(-|u|): the backward passes reduce h
+    before c scales their [D, n] sums, one pass over [D, n1, n2] fewer than scaling h itself."""
     if nu == 0.5:
-        return torch.sign(u).mul_(e).neg_()
+        return torch.sign(u).mul_(e), -1.0
     if nu == 1.5:
-        return torch.mul(u, e).neg_()
-    return u.abs().add_(1.0).mul_(u).mul_(e).div_(-3.0)
+        return torch.mul(u, e), -1.0
+    return u.abs().add_(1.0).mul_(u).mul_(e), -1.0 / 3.0
 
 
 class _MaternFactors(torch.autograd.Function):
@@ -75,9 +76,10 @@ class _MaternFactors(torch.autograd.Function):
     @once_differentiable  # the saved u and e are not differentiable functions of A and B
     def backward(ctx, grad: Tensor):
         u, e = ctx.saved_tensors
-        H = _slope(u, e, ctx.nu).mul_(grad)
+        h, c = _slope(u, e, ctx.nu)
+        H = h.mul_(grad)
         need_A, need_B, _ = ctx.needs_input_grad
-        return (H.sum(-1).T if need_A else None), (H.sum(-2).T.neg() if need_B else None), None
+        return (H.sum(-1).mul_(c).T if need_A else None), (H.sum(-2).mul_(-c).T if need_B else None), None
 
 
 class _AdditiveMaternGram(torch.autograd.Function):
@@ -107,9 +109,10 @@ class _AdditiveMaternGram(torch.autograd.Function):
         dw = g.view(w.shape[0], -1) @ G.reshape(-1) if need_w else None
         if not (need_A or need_B):
             return None, None, dw, None
-        H = _slope(u, e, ctx.nu).mul_(G)
-        w = w.unsqueeze(-1)
-        return (H.sum(-1).mul_(w).T if need_A else None), (H.sum(-2).mul_(w).neg_().T if need_B else None), dw, None
+        h, c = _slope(u, e, ctx.nu)
+        H = h.mul_(G)
+        cw = w.unsqueeze(-1) * c  # the slope's number folded into the weights [D, 1]
+        return (H.sum(-1).mul_(cw).T if need_A else None), (H.sum(-2).mul_(cw).neg_().T if need_B else None), dw, None
 
 
 class _SeparableMatern(Kernel):

@@ -332,7 +332,7 @@ def test_the_null_loss_is_the_likelihood_of_the_model_that_ignores_the_inputs(li
 
 def test_fits_adam_is_adam():
     """fit's Adam (PyTorch's fused update) moves the parameters as the per-tensor Adam does, to round-off, over
-    parameter groups of their own learning rates and weight decay (DBK's network)."""
+    DBK's two parameter groups (weight decay on the network's, none on the noise's)."""
     import copy
     from gpscale.train import adam
     torch.manual_seed(0)

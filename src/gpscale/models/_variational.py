@@ -197,11 +197,12 @@ class VariationalGP(UnwhitenedQ, GPModel):
         which opens it, and its loss (which opens it when no natural-gradient step did)."""
         self._step_kernels = {"X": X, "versions": self._kernel_versions(X)} if torch.is_grad_enabled() else None
 
-    def step_shared(self, name: str, X: Tensor | None, compute) -> Tensor:
-        """The matrix ``name``, ``compute()``, of the batch X (None: of the parameters alone), formed once a training
-        step: the natural-gradient step (which opens the step, :meth:`open_step`) forms it with its graph, and the
-        loss of the same step takes it instead of forming it again; only q moved in between, and no kernel matrix
-        depends on q; within the loss, a matrix two of its terms read (K_uu + jitter I, its factor) is formed once.
+    def step_shared(self, name: str, X: Tensor | None, compute):
+        """The matrix ``name`` (or tuple of them, as the unwhitened projection and its residual), ``compute()``, of
+        the batch X (None: of the parameters alone), formed once a training step: the natural-gradient step (which
+        opens the step, :meth:`open_step`) forms it with its graph, and the loss of the same step takes it instead
+        of forming it again; only q moved in between, and no kernel matrix depends on q; within the loss, a matrix
+        two of its terms read (K_uu + jitter I, its factor) is formed once.
         A matrix is taken only for the step's very batch tensor, unchanged, with every other parameter unchanged
         since (their version counters say so), with gradients enabled; else the step is opened anew here.
         :meth:`loss` ends the step."""

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
+from gpscale import linalg
 from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_inverse, gram,
                             inverse_cholesky, lower_inverse, lower_transpose_product, qr_lstsq, qr_r, solve_lower,
-                            tril_matmul, tril_outer, weighted_sum, whiten)
+                            squared_norms, tril_matmul, tril_outer, weighted_sum, whiten)
 
 
 def spd(n, seed=0):
@@ -171,6 +172,16 @@ def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
     assert torch.autograd.gradcheck(lambda w, M: weighted_sum(w, M.mT), (w, M))
     weighted_sum(w.detach(), M.mT).sum().backward()
     assert M.grad.is_contiguous()  # the gradient comes back in M's own layout
+
+
+@pytest.mark.parametrize("shape", [(7, 3), (2, 5, 3)])
+def test_squared_norms_and_their_backward_are_the_rows_sums_of_squares(shape, monkeypatch):
+    """In blocks of 2 rows (so that several blocks and a short last one are summed): the value is (M * M).sum(-1)
+    and the backward 2 g M, checked by finite differences."""
+    monkeypatch.setattr(linalg, "_NORM_ROWS", 2)
+    M = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(squared_norms(M), (M * M).sum(-1), rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(squared_norms, (M,))
 
 
 @pytest.mark.parametrize("m, block", [(1, 4), (5, 4), (37, 4), (300, 128)])

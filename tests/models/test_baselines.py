@@ -233,6 +233,33 @@ def test_predict_before_fit_posterior_says_what_to_do(data):
         build(SGPR, X, n_inducing=4).predict(X)
 
 
+def test_the_held_feature_sums_and_their_backward_equal_autograd_of_the_dense_forms():
+    """Over 40 rows in chunks of 9 (a short last one): Phi^T Phi, Phi^T y and ||y - Phi mu||^2 of features held in
+    memory equal their dense forms, and their one-node backward passes pass finite differences in Phi, y and mu,
+    together and each alone."""
+    g = torch.Generator().manual_seed(4)
+    Phi = torch.randn(40, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(40, generator=g, dtype=torch.float64, requires_grad=True)
+    mu = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def sums(Phi, y):
+        stats = _weight_space.held_statistics(Phi, y, chunk_size=9)
+        return stats.A, stats.b
+
+    def rss(Phi, y, mu):  # residual_quad = (rss + s2 |mu|^2) / s2: with s2 = 1, rss + |mu|^2
+        return _weight_space.residual_quad(Phi, y, mu, torch.tensor(1.0, dtype=torch.float64), chunk_size=9)
+
+    A, b = sums(Phi, y)
+    torch.testing.assert_close(A, Phi.T @ Phi, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(b, Phi.T @ y, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(rss(Phi, y, mu), ((y - Phi @ mu) ** 2).sum() + mu @ mu, rtol=1e-13, atol=0)
+    assert torch.autograd.gradcheck(sums, (Phi, y))
+    assert torch.autograd.gradcheck(lambda P: sums(P, y.detach()), (Phi,))
+    assert torch.autograd.gradcheck(rss, (Phi, y, mu))
+    assert torch.autograd.gradcheck(lambda P: rss(P, y.detach(), mu.detach()), (Phi,))
+    assert torch.autograd.gradcheck(lambda m: rss(Phi.detach(), y.detach(), m), (mu,))
+
+
 def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
     g = torch.Generator().manual_seed(3)
     Phi = torch.randn(40, 6, generator=g, dtype=torch.float64)

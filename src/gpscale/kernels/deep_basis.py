@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from ..linalg import squared_norms
 from .stationary import Kernel
 
 __all__ = ["DeepBasisKernel", "mlp", "residual_mlp", "ResidualLayer", "Tanh", "prior_variance", "ACTIVATIONS",
@@ -84,7 +85,7 @@ def residual_mlp(d: int, r: int, depth: int = DEFAULT_DEPTH["resnet"], width: in
 
 def prior_variance(Phi: Tensor) -> Tensor:
     """``k(x_i, x_i) = ||phi(x_i)||^2`` [n] for basis rows Phi [n, r]: the DBK prior variance, which varies with x."""
-    return (Phi * Phi).sum(-1)
+    return squared_norms(Phi)
 
 
 

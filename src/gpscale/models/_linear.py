@@ -21,7 +21,8 @@ from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
 from ..linalg import CORE, cholesky, solve_lower
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, chunk_sums, collapse_cholesky,
-                            collapse_qr, evidence_maximising_noise, log_evidence, residual_quad, weight_space_factors)
+                            collapse_qr, evidence_maximising_noise, held_statistics, log_evidence, residual_quad,
+                            weight_space_factors)
 from .base import GPModel, PredictiveFactors
 from .inducing import InducingFeatures, jittered_cholesky
 
@@ -159,7 +160,7 @@ class FeatureSpaceGP(GPModel):
     def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None) -> Collapsed:
         """The posterior of w from features Phi [n, r] held in memory and targets y [n] (every process's rows), by
         Cholesky in float64, at the model's noise or ``noise``."""
-        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, comm=comm)
+        stats = held_statistics(Phi, y, chunk_size=self.chunk_size, comm=comm)
         return collapse_cholesky(stats, self.noise if noise is None else noise)
 
     def evidence_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
@@ -33,8 +33,8 @@ from ..linalg import CORE, StreamingQR, cholesky, logdet_from_cholesky, qr_r, so
 from .base import PredictiveFactors
 
 __all__ = ["Statistics", "Collapsed", "FeatureMap", "accumulate", "collapse_cholesky", "collapse_qr",
-           "residual_quad", "log_evidence", "weight_space_factors", "predict_linear", "evidence_maximising_noise",
-           "maximise_over_noise"]
+           "held_statistics", "residual_quad", "log_evidence", "weight_space_factors", "predict_linear",
+           "evidence_maximising_noise", "maximise_over_noise"]
 
 FeatureMap = Callable[[Tensor], Tensor]  # X [c, d] -> Phi [c, r]
 
@@ -69,9 +69,8 @@ class Collapsed:
 
 class _GramAndCross(torch.autograd.Function):
     """``(Phi^T Phi, Phi^T y)`` in float64 for a chunk Phi [c, r] of any dtype, y [c] float64, saving only Phi
-    itself: the float64 copy of a float32 chunk is made again in the backward pass instead of kept, so statistics
-    over features held in memory (DBK's Phi [n, r]) hold no float64 copy of them. The backward is one product,
-    ``dPhi = Phi (G + G^T) + y g^T``."""
+    itself: the float64 copy of a float32 chunk is made again in the backward pass instead of kept. The backward is
+    one product, ``dPhi = Phi (G + G^T) + y g^T``."""
 
     @staticmethod
     def forward(ctx, Phi: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,6 +176,16 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
                      feature_trace=feature_trace, prior_trace=prior_trace)
 
 
+def held_statistics(Phi: Tensor, y: Tensor, *, chunk_size: int, comm: Comm = LOCAL) -> Statistics:
+    """Sufficient statistics of features Phi [n, r] held in memory and targets y [n] (float64; summed over processes
+    by ``comm``), differentiable in Phi through one autograd node for all its chunks (:class:`_HeldGramAndCross`)."""
+    y = y.to(CORE)
+    A, b = _HeldGramAndCross.apply(Phi, y, chunk_size)
+    yy = comm.all_reduce_sum((y**2).sum())
+    return Statistics(A=comm.all_reduce_sum(A), b=comm.all_reduce_sum(b), yy=yy, n=global_count(Phi.shape[0], comm),
+                      prior_trace=torch.zeros((), dtype=CORE, device=Phi.device))
+
+
 def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *, chunk_size: int,
                   comm: Comm = LOCAL) -> Tensor:
     """``y^T (Phi Phi^T + sigma^2 I)^{-1} y`` in residual form, for features Phi [n, r] held in memory:
@@ -185,21 +194,94 @@ def residual_quad(Phi: Tensor, y: Tensor, weight_mean: Tensor, noise: Tensor, *,
 
     Both terms are non-negative, so nothing cancels, unlike ``yy / sigma^2 - c^T c`` (two numbers of order
     n / sigma^2 whose difference can be O(1) when sigma^2 is tiny). An error in mu enters only to second order,
-    because mu minimises the numerator. Differentiable; rows are cast to float64 one chunk at a time, and the
-    residual sum is reduced over processes by ``comm``.
+    because mu minimises the numerator. Differentiable (:class:`_HeldResidualSum`); rows are cast to float64 one
+    chunk at a time, and the residual sum is reduced over processes by ``comm``.
     """
     s2 = noise.to(CORE)
-    chunks = chunks_on(Phi.device, chunk_size, Phi, y)
-    if torch.is_grad_enabled() and Phi.shape[0] > chunk_size:  # no float64 copy of a float32 Phi kept for backward
-        rss = sum(checkpoint(_residual_sum, Pc, yc, weight_mean, use_reentrant=False) for Pc, yc in chunks)
-    else:
-        rss = sum(_residual_sum(Pc, yc, weight_mean) for Pc, yc in chunks)
+    rss = _HeldResidualSum.apply(Phi, y.to(CORE), weight_mean, chunk_size)
     return (comm.all_reduce_sum(rss) + s2 * (weight_mean @ weight_mean)) / s2
 
 
-def _residual_sum(Phi: Tensor, y: Tensor, weight_mean: Tensor) -> Tensor:
-    """``||y - Phi mu||^2`` in float64 for a chunk."""
-    return ((y.to(CORE) - Phi.to(CORE) @ weight_mean) ** 2).sum()
+# Sums over the rows of features held in memory. Autograd over chunk views keeps every chunk's gradient alive until
+# it joins them into Phi's gradient: a heap of Phi's size (with Phi's float64 copies made chunk by chunk), which glibc
+# gives back when it is freed and faults in afresh at the next evaluation. Each sum below is one node, whose
+# backward pass writes the gradient of every chunk into one tensor as it goes.
+class _HeldGramAndCross(torch.autograd.Function):
+    """``(Phi^T Phi, Phi^T y)`` in float64 over features Phi [n, r] of any dtype and y [n] (float64), ``chunk_size``
+    rows at a time; backward ``dPhi = Phi (G + G^T) + y g^T`` and ``dy = Phi g`` for incoming gradients (G, g).
+    Only Phi and y are saved: no float64 copy of a float32 Phi is kept.
+
+    dPhi is formed in Phi's dtype. That is safe for the residual evidence, which is what differentiates these
+    sums: its data fit reaches them only through mu = E[w | y], which minimises that fit, so (G, g) is the log
+    determinant's ``-B^{-1} / (2 sigma^2)`` and round-off, and no two large terms of dPhi cancel. (The data fit
+    ``yy / sigma^2 - c^T c`` would send ``Phi mu mu^T / sigma^2`` and ``-y mu^T / sigma^2`` here, which do.)"""
+
+    @staticmethod
+    def forward(ctx, Phi: Tensor, y: Tensor, chunk_size: int) -> tuple[Tensor, Tensor]:
+        ctx.save_for_backward(Phi, y)
+        ctx.chunk_size = chunk_size
+        r = Phi.shape[-1]
+        A = torch.zeros(r, r, dtype=CORE, device=Phi.device)
+        b = torch.zeros(r, dtype=CORE, device=Phi.device)
+        for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size)):
+            P = Pc.to(CORE)
+            A.addmm_(P.T, P)
+            b.addmv_(P.T, yc)
+        return A, b
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_A: Tensor | None, grad_b: Tensor | None):
+        Phi, y = ctx.saved_tensors
+        r = Phi.shape[-1]
+        G = torch.zeros(r, r, dtype=CORE, device=Phi.device) if grad_A is None else grad_A + grad_A.T
+        g = torch.zeros(r, dtype=CORE, device=Phi.device) if grad_b is None else grad_b
+        need_Phi, need_y = ctx.needs_input_grad[:2]
+        dPhi = torch.empty_like(Phi) if need_Phi else None
+        dy = torch.empty_like(y) if need_y else None
+        G_low, g_low = G.to(Phi.dtype), g.to(Phi.dtype)
+        for start in range(0, Phi.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            if need_Phi:
+                torch.addmm(torch.outer(y[rows].to(Phi.dtype), g_low), Phi[rows], G_low, out=dPhi[rows])
+            if need_y:
+                dy[rows] = Phi[rows].to(CORE) @ g
+        return dPhi, dy, None
+
+
+class _HeldResidualSum(torch.autograd.Function):
+    """``||y - Phi mu||^2`` in float64 over features Phi [n, r] of any dtype, y [n] and mu [r] (float64), ``chunk_size``
+    rows at a time; backward ``dPhi = -2 g e mu^T``, ``dy = 2 g e`` and ``dmu = -2 g Phi^T e`` with the residuals
+    ``e = y - Phi mu``, formed again chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, Phi: Tensor, y: Tensor, weight_mean: Tensor, chunk_size: int) -> Tensor:
+        ctx.save_for_backward(Phi, y, weight_mean)
+        ctx.chunk_size = chunk_size
+        rss = torch.zeros((), dtype=CORE, device=Phi.device)
+        for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size)):
+            rss += ((yc - Pc.to(CORE) @ weight_mean) ** 2).sum()
+        return rss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        Phi, y, mu = ctx.saved_tensors
+        need_Phi, need_y, need_mu = ctx.needs_input_grad[:3]
+        dPhi = torch.empty_like(Phi) if need_Phi else None
+        dy = torch.empty_like(y) if need_y else None
+        dmu = torch.zeros_like(mu) if need_mu else None
+        for start in range(0, Phi.shape[0], ctx.chunk_size):
+            rows = slice(start, start + ctx.chunk_size)
+            P = Phi[rows].to(CORE)
+            e = 2 * grad * (y[rows] - P @ mu)  # the gradient of the chunk's sum with respect to its residuals
+            if need_Phi:
+                torch.outer(e.to(Phi.dtype), -mu.to(Phi.dtype), out=dPhi[rows])
+            if need_y:
+                dy[rows] = e
+            if need_mu:
+                dmu.addmv_(P.T, e, alpha=-1)
+        return dPhi, dy, dmu, None
 
 
 def log_evidence(post: Collapsed, noise: Tensor) -> Tensor:

@@ -61,7 +61,7 @@ from ..kernels.deep_basis import (ACTIVATIONS, DEFAULT_DEPTH, NETWORKS, DeepBasi
 from ..linalg import CORE
 from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
-from ._weight_space import accumulate, log_evidence, maximise_over_noise
+from ._weight_space import held_statistics, log_evidence, maximise_over_noise
 from ._extrapolation import warn_outside_box
 from .base import GPModel, register
 
@@ -324,7 +324,7 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
         by ``(sigma^2 + c_i)^{-1/2}``: the evidence is ``log N(y^ | 0, Phi^ Phi^^T + I) - 1/2 sum_i log(sigma^2 +
         c_i)``."""
         Phi, y = Phi.to(CORE), y.to(CORE)
-        stats = accumulate(lambda P: P, Phi, y, chunk_size=self.chunk_size, comm=comm)
+        stats = held_statistics(Phi, y, chunk_size=self.chunk_size, comm=comm)
         if not self.correction:
             return self.evidence_optimal_noise(stats)
         c = self.predictive_extra(Phi)

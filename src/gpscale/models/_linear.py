@@ -159,7 +159,8 @@ class FeatureSpaceGP(GPModel):
 
     def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None) -> Collapsed:
         """The posterior of w from features Phi [n, r] held in memory and targets y [n] (every process's rows), by
-        Cholesky in float64, at the model's noise or ``noise``."""
+        Cholesky in float64, at the model's noise or ``noise``. Its statistics' gradient in Phi is formed in Phi's
+        dtype, which the residual evidence (:meth:`evidence_of`) allows: differentiate it through that."""
         stats = held_statistics(Phi, y, chunk_size=self.chunk_size, comm=comm)
         return collapse_cholesky(stats, self.noise if noise is None else noise)
 

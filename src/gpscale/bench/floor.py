@@ -98,6 +98,11 @@ LINALG_FLOPS = {
 }
 
 
+#: The in-place forms of products torch's counter knows (``A.addmm_(B, C)`` accumulates a sum of chunks' products
+#: in place), by the formulas of their out-of-place forms.
+IN_PLACE_PRODUCTS = {aten.addmm_: flop_registry[aten.addmm], aten.baddbmm_: flop_registry[aten.baddbmm]}
+
+
 class _FlopCounter(TorchDispatchMode):
     """Adds up, per dtype of the result, the FLOPs of every operator it sees that has a formula: torch's own
     (matrix products, convolutions) and :data:`LINALG_FLOPS`. (torch's ``FlopCounterMode`` also tracks modules, which
@@ -106,7 +111,8 @@ class _FlopCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.flops: dict[torch.dtype, int] = {}
-        self.formulas = {**flop_registry, **{op: shape_wrapper(f) for op, f in LINALG_FLOPS.items()}}
+        self.formulas = {**flop_registry, **IN_PLACE_PRODUCTS,
+                         **{op: shape_wrapper(f) for op, f in LINALG_FLOPS.items()}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

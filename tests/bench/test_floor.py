@@ -17,8 +17,8 @@ def test_products_factorisations_and_solves_are_counted_by_their_textbook_flops(
     assert count_flops(lambda: a @ b) == 2 * 30 * 20 * 10
     # products accumulated in place (a sum of chunks' Gram matrices), plain and batched
     assert count_flops(lambda: torch.zeros(20, 20, dtype=F64).addmm_(a.T, a)) == 2 * 20 * 30 * 20
-    assert count_flops(lambda: torch.zeros(3, 30, 10, dtype=F64).baddbmm_(a.expand(3, 30, 20),
-                                                                            b.expand(3, 20, 10))) == 3 * 2 * 30 * 20 * 10
+    a3, b3 = a.expand(3, 30, 20), b.expand(3, 20, 10)
+    assert count_flops(lambda: torch.zeros(3, 30, 10, dtype=F64).baddbmm_(a3, b3)) == 3 * 2 * 30 * 20 * 10
     A = torch.eye(12, dtype=F64) * 3 + 0.1
     L = torch.linalg.cholesky(A)
     assert count_flops(lambda: torch.linalg.cholesky(A)) == 12**3 // 3

@@ -260,6 +260,20 @@ def test_the_held_feature_sums_and_their_backward_equal_autograd_of_the_dense_fo
     assert torch.autograd.gradcheck(lambda m: rss(Phi.detach(), y.detach(), m), (mu,))
 
 
+def test_held_feature_statistics_of_scaled_rows_equal_those_of_the_scaled_copy_and_take_no_gradient():
+    """``row_scale`` s gives the statistics of the rows s_i phi_i and targets s_i y_i, scaled a chunk at a time (40
+    rows in chunks of 9); asked for a gradient through them it says how to get one instead."""
+    g = torch.Generator().manual_seed(5)
+    Phi, y = torch.randn(40, 6, generator=g, dtype=torch.float64), torch.randn(40, generator=g, dtype=torch.float64)
+    s = torch.rand(40, generator=g, dtype=torch.float64) + 0.5
+    scaled = _weight_space.held_statistics(Phi, y, chunk_size=9, row_scale=s)
+    copied = _weight_space.held_statistics(Phi * s.unsqueeze(-1), y * s, chunk_size=9)
+    for name in ("A", "b", "yy"):
+        torch.testing.assert_close(getattr(scaled, name), getattr(copied, name), rtol=1e-14, atol=1e-14)
+    with pytest.raises(ValueError, match="row_scale without gradients"):
+        _weight_space.held_statistics(Phi.requires_grad_(), y, chunk_size=9, row_scale=s)
+
+
 def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
     g = torch.Generator().manual_seed(3)
     Phi = torch.randn(40, 6, generator=g, dtype=torch.float64)

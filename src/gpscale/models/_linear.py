@@ -157,11 +157,14 @@ class FeatureSpaceGP(GPModel):
                                prior_diag=self._prior_diag(), comm=comm, device=self.device)
         return collapse_cholesky(stats if stats is not None else self.statistics(X, y, comm, state), self.noise)
 
-    def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None) -> Collapsed:
+    def posterior_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL, noise: Tensor | None = None,
+                     row_scale: Tensor | None = None) -> Collapsed:
         """The posterior of w from features Phi [n, r] held in memory and targets y [n] (every process's rows), by
-        Cholesky in float64, at the model's noise or ``noise``. Its statistics' gradient in Phi is formed in Phi's
-        dtype, which the residual evidence (:meth:`evidence_of`) allows: differentiate it through that."""
-        stats = held_statistics(Phi, y, chunk_size=self.chunk_size, comm=comm)
+        Cholesky in float64, at the model's noise or ``noise``; with ``row_scale`` s [n], that of the rows
+        ``s_i phi_i`` and targets ``s_i y_i`` (without gradients, :func:`held_statistics`). Its statistics' gradient
+        in Phi is formed in Phi's dtype, which the residual evidence (:meth:`evidence_of`) allows: differentiate it
+        through that."""
+        stats = held_statistics(Phi, y, chunk_size=self.chunk_size, comm=comm, row_scale=row_scale)
         return collapse_cholesky(stats, self.noise if noise is None else noise)
 
     def evidence_of(self, Phi: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:

@@ -176,11 +176,23 @@ def collapse_qr(features: FeatureMap, X: Tensor, y: Tensor, noise: Tensor, *, ch
                      feature_trace=feature_trace, prior_trace=prior_trace)
 
 
-def held_statistics(Phi: Tensor, y: Tensor, *, chunk_size: int, comm: Comm = LOCAL) -> Statistics:
+def held_statistics(Phi: Tensor, y: Tensor, *, chunk_size: int, comm: Comm = LOCAL,
+                    row_scale: Tensor | None = None) -> Statistics:
     """Sufficient statistics of features Phi [n, r] held in memory and targets y [n] (float64; summed over processes
-    by ``comm``), differentiable in Phi through one autograd node for all its chunks (:class:`_HeldGramAndCross`)."""
+    by ``comm``), differentiable in Phi through one autograd node for all its chunks (:class:`_HeldGramAndCross`).
+
+    With ``row_scale`` s [n] (float64), those of the rows ``s_i phi_i`` and targets ``s_i y_i``, scaled a chunk at a
+    time, without gradients: a noise search that reweights every row at each of its steps then makes no scaled copy
+    of Phi (at 200,000 rows of 128 features, a quarter of DBK's noise search was making them)."""
     y = y.to(CORE)
-    A, b = _HeldGramAndCross.apply(Phi, y, chunk_size)
+    if row_scale is None:
+        A, b = _HeldGramAndCross.apply(Phi, y, chunk_size)
+    elif torch.is_grad_enabled() and (Phi.requires_grad or y.requires_grad or row_scale.requires_grad):
+        raise ValueError("held_statistics takes row_scale without gradients; scale the rows themselves to "
+                         "differentiate through the scale.")
+    else:
+        A, b = _held_sums(Phi, y, chunk_size, row_scale)
+        y = y * row_scale
     yy = comm.all_reduce_sum((y**2).sum())
     return Statistics(A=comm.all_reduce_sum(A), b=comm.all_reduce_sum(b), yy=yy, n=global_count(Phi.shape[0], comm),
                       prior_trace=torch.zeros((), dtype=CORE, device=Phi.device))
@@ -220,14 +232,7 @@ class _HeldGramAndCross(torch.autograd.Function):
     def forward(ctx, Phi: Tensor, y: Tensor, chunk_size: int) -> tuple[Tensor, Tensor]:
         ctx.save_for_backward(Phi, y)
         ctx.chunk_size = chunk_size
-        r = Phi.shape[-1]
-        A = torch.zeros(r, r, dtype=CORE, device=Phi.device)
-        b = torch.zeros(r, dtype=CORE, device=Phi.device)
-        for Pc, yc in zip(Phi.split(chunk_size), y.split(chunk_size)):
-            P = Pc.to(CORE)
-            A.addmm_(P.T, P)
-            b.addmv_(P.T, yc)
-        return A, b
+        return _held_sums(Phi, y, chunk_size)
 
     @staticmethod
     @once_differentiable
@@ -247,6 +252,22 @@ class _HeldGramAndCross(torch.autograd.Function):
             if need_y:
                 dy[rows] = Phi[rows].to(CORE) @ g
         return dPhi, dy, None
+
+
+def _held_sums(Phi: Tensor, y: Tensor, chunk_size: int, row_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(Phi^T Phi, Phi^T y)`` in float64 over Phi [n, r] and y [n] (float64), ``chunk_size`` rows at a time; with
+    ``row_scale`` s [n], over the rows ``s_i phi_i`` and ``s_i y_i``."""
+    r = Phi.shape[-1]
+    A = torch.zeros(r, r, dtype=CORE, device=Phi.device)
+    b = torch.zeros(r, dtype=CORE, device=Phi.device)
+    for start in range(0, Phi.shape[0], chunk_size):
+        rows = slice(start, start + chunk_size)
+        P, yc = Phi[rows].to(CORE), y[rows]
+        if row_scale is not None:
+            P, yc = P * row_scale[rows].unsqueeze(-1), yc * row_scale[rows]
+        A.addmm_(P.T, P)
+        b.addmv_(P.T, yc)
+    return A, b
 
 
 class _HeldResidualSum(torch.autograd.Function):

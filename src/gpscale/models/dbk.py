@@ -332,7 +332,7 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
 
         def log_evidence_at(s2: float) -> float:
             scale = (s2 + c).rsqrt()
-            post = self.posterior_of(Phi * scale.unsqueeze(-1), y * scale, comm, noise=one)
+            post = self.posterior_of(Phi, y, comm, noise=one, row_scale=scale)
             return float(log_evidence(post, one) + comm.all_reduce_sum(scale.log().sum()))
 
         return maximise_over_noise(log_evidence_at, *self.noise_search_bounds(float(stats.yy) / stats.n),

@@ -17,6 +17,9 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import softplus
 
+from ..linalg import CORE
+
+from . import matern_sums as sums
 from .stationary import SOFTPLUS_ZERO, Kernel, inverse_softplus
 
 __all__ = ["AdditiveMatern", "ProductMatern"]
@@ -115,6 +118,36 @@ class _AdditiveMaternGram(torch.autograd.Function):
         return (H.sum(-1).mul_(cw).T if need_A else None), (H.sum(-2).mul_(cw).neg_().T if need_B else None), dw, None
 
 
+class _AdditiveMaternMatvec(torch.autograd.Function):
+    """``K v = sum_d w_d M_d`` [n1] with ``M_d = sum_j g(a_d - b_dj) v_j`` for inputs scaled as
+    :class:`_MaternFactors`', weights w [D] and v [n2], through :func:`~gpscale.kernels.matern_sums.matern_sums`
+    (O((n1 + n2) log n2), no [D, n1, n2] tensor); float64. With G = dL/d(K v), c the slope's number and
+    ``H_d = sum_j h(a_d - b_dj) v_j`` (h odd, dg/du = c h):
+
+        dL/dw_d = M_d . G,   dL/dv_j = sum_d w_d sum_i g(b_dj - a_di) G_i,
+        dL/da_di = c w_d G_i H_di,   dL/db_dj = c w_d v_j sum_i h(b_dj - a_di) G_i
+
+    so the backward is one more call with the roles of a and b swapped and G as the weights.
+    """
+
+    @staticmethod
+    def forward(ctx, A: Tensor, B: Tensor, w: Tensor, v: Tensor, nu: float) -> Tensor:
+        M, H = sums.matern_sums(A.T, B.T, v, nu)
+        ctx.nu = nu
+        ctx.save_for_backward(A, B, w, v, M, H)
+        return w @ M
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, G: Tensor):
+        A, B, w, v, M, H = ctx.saved_tensors
+        cw = (sums.SLOPE[ctx.nu] * w).unsqueeze(-1)  # [D, 1]
+        need_A, need_B, need_w, need_v, _ = ctx.needs_input_grad
+        N, H_b = sums.matern_sums(B.T, A.T, G, ctx.nu) if (need_B or need_v) else (None, None)
+        return ((cw * H * G).T if need_A else None, (cw * H_b * v).T if need_B else None,
+                M @ G if need_w else None, w @ N if need_v else None, None)
+
+
 class _SeparableMatern(Kernel):
     """Per-dimension lengthscales l [D] and Matérn smoothness nu; the variance(s) are the subclass's."""
 
@@ -169,6 +202,15 @@ class AdditiveMatern(_SeparableMatern):
 
     def diag(self, X: Tensor) -> Tensor:
         return self.variance.to(X.dtype).sum().expand(X.shape[0]).clone()
+
+    def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
+        """``K(X1, X2) v`` [n1] in v's dtype, in O((n1 + n2) log n2) per dimension
+        (:mod:`~gpscale.kernels.matern_sums`), float64 within; the dense product where a dimension's scaled
+        inputs span more than that allows (a lengthscale below about a thousandth of the inputs' range)."""
+        A, B = self.scaled(X1.to(CORE)), self.scaled(X2.to(CORE))
+        if not sums.fits(A, B):
+            return super().matvec(X1, X2, v)
+        return _AdditiveMaternMatvec.apply(A, B, self.variance.to(CORE), v.to(CORE), self.nu).to(v.dtype)
 
 
 class ProductMatern(_SeparableMatern):

@@ -53,6 +53,10 @@ class Kernel(nn.Module):
     def diag(self, X: Tensor) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
+        """``K(X1, X2) v`` [n1] in v's dtype; kernels with structure (:class:`AdditiveMatern`) skip forming K."""
+        return self(X1, X2).to(v.dtype) @ v
+
     def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
         """``sum_pq W_pq k(a_ip, a_iq)`` [c] for each of c point sets A [c, r, d], with a symmetric W [r, r] (the
         variance of a weighted sum of f over each set): one Gram matrix per set here; :class:`Stationary` forms
@@ -115,6 +119,10 @@ class Stationary(Kernel):
         """K [..., n1, n2] for X1 [..., n1, d] and X2 [..., n2, d] (leading batch axes alike, or none)."""
         ls = self.lengthscale.to(X1.dtype)
         return _StationaryGram.apply(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype), self)
+
+    def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
+        """``K(X1, X2) v`` [n1] in v's dtype; kernels with structure (:class:`AdditiveMatern`) skip forming K."""
+        return self(X1, X2).to(v.dtype) @ v
 
     def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
         ls = self.lengthscale.to(A.dtype)

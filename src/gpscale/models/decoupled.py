@@ -64,16 +64,22 @@ class OrthogonallyDecoupledGP(VariationalGP):
         """a [M_g], w = Kbb^{-1} (m - Kbg a) [M_b] and c = Kbg a [M_b] (float64)."""
         a = self.a_gamma.to(CORE)
         if self.n_mean_inducing:
-            c = self.step_shared("Kug", None, lambda: self.features.Kuf(self.gamma)).to(CORE) @ a
+            c = self.mean_basis_sums(a)[0]
         else:
             c = torch.zeros_like(q_mu)
         return MeanWeights(a, Kuu.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c, self.gamma)
+
+    def mean_basis_sums(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """``c = K_beta,gamma a`` [M_b] and ``K_gamma,gamma a`` [M_g] (float64), shared within a training step; a
+        kernel with structure (:meth:`~gpscale.kernels.Kernel.matvec`) forms neither matrix."""
+        return self.step_shared("K_gamma a", None, lambda: (self.features.Kuf(self.gamma).to(CORE) @ a,
+                                                            self.kernel.matvec(self.gamma, self.gamma, a)))
 
     def add_mean_basis(self, X: Tensor, mean: Tensor, a: Tensor | None, gamma: Tensor | None) -> Tensor:
         """``mean + k(x, gamma) a``."""
         if not self.n_mean_inducing:
             return mean
-        return mean + self.step_shared("Kfg", X, lambda: self.kernel(X, gamma)).to(CORE) @ a
+        return mean + self.step_shared("Kfg a", X, lambda: self.kernel.matvec(X, gamma, a))
 
     def mean_basis_kl(self, Kuu, weights: MeanWeights) -> Tensor | float:
         """``1/2 a^T (Kgg - Kgb Kbb^{-1} Kbg) a`` as two quadratic forms, never forming or factorising the
@@ -81,8 +87,7 @@ class OrthogonallyDecoupledGP(VariationalGP):
         if not self.n_mean_inducing:
             return 0.0
         a, c = weights.a, weights.c
-        Kgg = self.kernel(self.gamma, self.gamma).to(CORE)
-        orthogonal = a @ Kgg @ a - c @ Kuu.solve(c.unsqueeze(-1)).squeeze(-1)
+        orthogonal = a @ self.mean_basis_sums(a)[1] - c @ Kuu.solve(c.unsqueeze(-1)).squeeze(-1)
         return 0.5 * orthogonal.clamp_min(0.0)
 
     def set_extra_state(self, state: dict[str, Tensor]) -> None:

@@ -34,6 +34,14 @@ class ODVGP(OrthogonallyDecoupledGP):
         self.gamma.requires_grad_(learn_inducing)
         self.init_variational(self.n_inducing)
 
+    def mean_basis_sums(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """As the engine's, in one product: K_beta,gamma = k(Z, gamma), so both are k(t, gamma) a, t in [Z; gamma]
+        (one pass over gamma where the kernel has structure)."""
+        def both():
+            sums = self.kernel.matvec(torch.cat([self.features.Z, self.gamma]), self.gamma, a)
+            return sums[:self.n_inducing], sums[self.n_inducing:]
+        return self.step_shared("K_gamma a", None, both)
+
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         with torch.no_grad():
             self.features.Z.copy_(kmeans_centers(X, self.n_inducing, seed))

@@ -3,8 +3,9 @@ sums it replaces: values, ties, targets far outside the sources, every gradient,
 import pytest
 import torch
 
+from gpscale.device import deferred_checks
 from gpscale.kernels import AdditiveMatern
-from gpscale.kernels.matern_sums import HALF_SPAN, fits, matern_sums
+from gpscale.kernels.matern_sums import HALF_SPAN, matern_sums, too_wide
 from gpscale.kernels.separable import _AdditiveMaternMatvec
 
 F64 = torch.float64
@@ -49,7 +50,7 @@ def test_sums_stay_exact_across_a_span_near_the_limit(nu):
     s = s + 0.3 * torch.rand(2, 301, dtype=F64, generator=torch.Generator().manual_seed(0))
     t = torch.cat([s[:, ::7] + 0.1, torch.tensor([[-3e3, 3e3], [-2e3, 2e3]], dtype=F64)], -1)
     v = torch.randn(301, dtype=F64, generator=torch.Generator().manual_seed(1))
-    assert fits(s.T)
+    assert not too_wide(s.T)
     g, h = matern_sums(t, s, v, nu)
     assert torch.isfinite(g).all() and torch.isfinite(h).all()
     g_ref, h_ref = dense_sums(t, s, v, nu)
@@ -100,10 +101,49 @@ def test_matvec_falls_back_to_the_dense_product_beyond_the_span():
     """A lengthscale so short that the scaled inputs span more than 2 HALF_SPAN: the dense product, the same
     numbers (and on float32 inputs, v's dtype out)."""
     k, X1, X2, v, _ = kernel_problem(1.5, lengthscale=1e-3)
-    assert not fits(k.scaled(X2))
+    assert too_wide(k.scaled(X2))
     torch.testing.assert_close(k.matvec(X1, X2, v), k(X1, X2) @ v, rtol=1e-12, atol=1e-13)
     out = k.float().matvec(X1.float(), X2.float(), v)
     assert out.dtype == F64
+
+
+def test_within_a_training_step_the_span_check_is_recorded_not_read():
+    """Inside deferred checks (a speculated training epoch) the span's flag is recorded on the device and the sums
+    run; the epoch is then redone with the check read (below)."""
+    k, X1, X2, v, _ = kernel_problem(1.5, lengthscale=1e-3)
+    with deferred_checks() as checks:
+        k.matvec(X1, X2, v)
+    assert bool(checks.flag)
+    k, X1, X2, v, _ = kernel_problem(1.5)
+    with deferred_checks() as checks:
+        k.matvec(X1, X2, v)
+    assert not bool(checks.flag)
+
+
+def test_training_on_too_short_a_lengthscale_redoes_the_epoch_with_the_dense_product(monkeypatch):
+    """ODVGP with an additive kernel whose scaled inputs span too far: fit's speculated epoch finds the flag, undoes
+    it and runs it again with the dense product, so the trained parameters equal those of a kernel that only ever
+    took the dense product."""
+    from gpscale.models.odvgp import ODVGP
+    from gpscale.train import fit
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(60, 2, dtype=F64, generator=g)
+    y = torch.sin(6 * X[:, 0]) + 0.1 * torch.randn(60, dtype=F64, generator=g)
+
+    def trained():
+        torch.manual_seed(0)
+        model = ODVGP(2, n_inducing=6, n_mean_inducing=8, kernel=AdditiveMatern(2, lengthscale=1e-3)).double()
+        model.init(X, y)
+        fit(model, X, y, epochs=2, batch_size=20, lr=0.01, progress=False)
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    speculated = trained()
+    monkeypatch.setattr(AdditiveMatern, "matvec", lambda self, X1, X2, v: self(X1, X2).to(v.dtype) @ v)
+    dense = trained()
+    for name, value in speculated.items():
+        assert torch.isfinite(value).all(), name
+        torch.testing.assert_close(value, dense[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
 def test_matvec_of_no_targets_is_empty():

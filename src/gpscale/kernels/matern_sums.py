@@ -19,7 +19,7 @@ a prefix and a suffix sum over the sources sorted once, read at each target's pl
 The h-sums take the same moments.
 
 Numerics, in float64 throughout: the coordinates are taken from the centre r of the sources' range, so ``e^{+-s}``
-stays finite while every source lies within :data:`HALF_SPAN` of r (:func:`fits` says so); the prefix sums add
+stays finite while every source lies within :data:`HALF_SPAN` of r (:func:`too_wide` says where not); the prefix sums add
 terms that grow along them, so they err by about as much as the dense sum over the same terms; the binomial
 expansion adds a relative error of about ``|t - r|^p`` times the unit round-off.
 """
@@ -30,7 +30,7 @@ from math import comb
 import torch
 from torch import Tensor
 
-__all__ = ["HALF_SPAN", "SLOPE", "fits", "matern_sums"]
+__all__ = ["HALF_SPAN", "SLOPE", "matern_sums", "too_wide"]
 
 # P's and Q's coefficients by power of z, and c, per nu
 _P = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
@@ -44,11 +44,12 @@ HALF_SPAN = 500.0
 _TARGET_CLAMP = HALF_SPAN + 100.0
 
 
-def fits(*points: Tensor) -> bool:
-    """Whether each set of scaled points [n, D] spans at most ``2 HALF_SPAN`` in every dimension, so that it can be
-    the sources of :func:`matern_sums` (a lengthscale above ``range sqrt(2 nu) / 1,000``). A host read."""
-    return all(bool(((x.amax(0) - x.amin(0)) <= 2 * HALF_SPAN).all()) for x in (p.detach() for p in points)
-               if x.shape[0])
+def too_wide(*points: Tensor) -> Tensor:
+    """Whether any set of scaled points [n, D] spans more than ``2 HALF_SPAN`` in a dimension (a lengthscale below
+    ``range sqrt(2 nu) / 1,000``), where it cannot be the sources of :func:`matern_sums`: a 0-dim boolean tensor, not
+    read (a training step checks it with :func:`~gpscale.device.check_failed`)."""
+    flags = [((x.amax(0) - x.amin(0)) > 2 * HALF_SPAN).any() for x in (p.detach() for p in points) if x.shape[0]]
+    return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=points[0].device)
 
 
 def _moments(t: Tensor, s: Tensor, v: Tensor, p: int) -> Tensor:
@@ -76,7 +77,7 @@ def _ties(t: Tensor, s: Tensor, v: Tensor) -> Tensor:
 
 def matern_sums(targets: Tensor, sources: Tensor, v: Tensor, nu: float) -> tuple[Tensor, Tensor]:
     """``sum_j g(t_di - s_dj) v_j`` and ``sum_j h(t_di - s_dj) v_j`` [D, n_t] (float64), for scaled targets
-    [D, n_t], scaled sources [D, n_s] that :func:`fits` and weights v [n_s], per dimension d (module docstring)."""
+    [D, n_t], scaled sources [D, n_s] not :func:`too_wide` and weights v [n_s], per dimension d (module docstring)."""
     targets, sources, v = (x.to(torch.float64) for x in (targets, sources, v))
     low, high = sources.aminmax(dim=-1, keepdim=True)
     centre = (low + high) / 2

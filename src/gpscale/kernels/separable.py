@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import softplus
 
+from ..device import check_failed
 from ..linalg import CORE
 
 from . import matern_sums as sums
@@ -208,7 +209,7 @@ class AdditiveMatern(_SeparableMatern):
         (:mod:`~gpscale.kernels.matern_sums`), float64 within; the dense product where a dimension's scaled
         inputs span more than that allows (a lengthscale below about a thousandth of the inputs' range)."""
         A, B = self.scaled(X1.to(CORE)), self.scaled(X2.to(CORE))
-        if not sums.fits(A, B):
+        if check_failed(sums.too_wide(A, B)):  # within a training step: recorded, and the step redone if set
             return super().matvec(X1, X2, v)
         return _AdditiveMaternMatvec.apply(A, B, self.variance.to(CORE), v.to(CORE), self.nu).to(v.dtype)
 

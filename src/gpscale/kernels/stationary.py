@@ -120,10 +120,6 @@ class Stationary(Kernel):
         ls = self.lengthscale.to(X1.dtype)
         return _StationaryGram.apply(X1 / ls, X2 / ls, self.outputscale.to(X1.dtype), self)
 
-    def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
-        """``K(X1, X2) v`` [n1] in v's dtype; kernels with structure (:class:`AdditiveMatern`) skip forming K."""
-        return self(X1, X2).to(v.dtype) @ v
-
     def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
         ls = self.lengthscale.to(A.dtype)
         return _WeightedSelfGrams.apply(A / ls, weights, self.outputscale.to(A.dtype), self)

@@ -99,12 +99,55 @@ def test_matvec_and_its_gradients_equal_the_dense_product(nu, needed):
 
 def test_matvec_falls_back_to_the_dense_product_beyond_the_span():
     """A lengthscale so short that the scaled inputs span more than 2 HALF_SPAN: the dense product, the same
-    numbers (and on float32 inputs, v's dtype out)."""
+    numbers, in v's dtype."""
     k, X1, X2, v, _ = kernel_problem(1.5, lengthscale=1e-3)
     assert too_wide(k.scaled(X2))
     torch.testing.assert_close(k.matvec(X1, X2, v), k(X1, X2) @ v, rtol=1e-12, atol=1e-13)
-    out = k.float().matvec(X1.float(), X2.float(), v)
-    assert out.dtype == F64
+    assert k.float().matvec(X1.float(), X2.float(), v.float()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("nu", NUS)
+def test_targets_spread_wider_than_the_sources(nu):
+    """Sources within the span, targets far beyond it (up to 1e25 away): without a gradient in X2 or v the sums
+    run (a target over 100 from every source gets its sums at that distance, below 1e-40, as the dense product's
+    underflow gives 0); with one, X1 is the backward's sources and the dense product is taken: every gradient as
+    the dense one's."""
+    k, X1, X2, v, G = kernel_problem(nu)
+    X1 = torch.cat([X1, torch.tensor([[300.0, 0.5, 0.5], [-1e25, 0.5, 0.5], [1e25, 1e25, -1e25]], dtype=F64)])
+    G = torch.cat([G, torch.ones(3, dtype=F64)])
+    assert not too_wide(k.scaled(X2)) and too_wide(k.scaled(X1))
+    with torch.no_grad():
+        torch.testing.assert_close(k.matvec(X1, X2, v), k(X1, X2) @ v, rtol=1e-12, atol=1e-13)
+    X2.requires_grad_(), v.requires_grad_()
+    ours = torch.autograd.grad(k.matvec(X1, X2, v) @ G, [X2, v])
+    reference = torch.autograd.grad((k(X1, X2) @ v) @ G, [X2, v])
+    for a, b in zip(ours, reference):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("magnitude", [1e-300, 1e-200, 1.0, 1e200, 1e280])
+@pytest.mark.parametrize("nu", NUS)
+def test_weights_of_any_magnitude_keep_their_relative_accuracy(nu, magnitude):
+    """The weights are scaled to at most 1 inside, so neither e^{-s} v underflows nor s^p e^{s} v overflows: the
+    sums equal the dense ones relative to the weights' size, near the span's edge too."""
+    s = torch.linspace(-0.95 * HALF_SPAN, 0.95 * HALF_SPAN, 41, dtype=F64).expand(2, 41).contiguous()
+    t = torch.cat([s + 0.25, s[:, :1] - 1.0], -1)
+    v = magnitude * torch.randn(41, dtype=F64, generator=torch.Generator().manual_seed(5))
+    tolerance = 50 * torch.finfo(F64).eps * (0.95 * HALF_SPAN) ** (nu - 0.5)
+    for ours, dense in zip(matern_sums(t, s, v, nu), dense_sums(t, s, v, nu)):
+        assert torch.isfinite(ours).all()
+        torch.testing.assert_close(ours / magnitude, dense / magnitude, rtol=0, atol=tolerance)
+
+
+def test_the_slope_at_a_tie_does_not_depend_on_far_weights():
+    """nu = 1/2, whose slope jumps at 0: h at a target equal to a source is read from the sums below it, not as a
+    difference of running sums, so a huge weight far away leaves no round-off there."""
+    s = torch.tensor([[-400.0, 0.0]], dtype=F64)
+    v = torch.tensor([1e12 + 0.123, 0.3], dtype=F64)
+    t = torch.tensor([[0.0]], dtype=F64)
+    h, h_dense = matern_sums(t, s, v, 0.5)[1], dense_sums(t, s, v, 0.5)[1]
+    torch.testing.assert_close(h, h_dense, rtol=1e-12, atol=1e-300)
 
 
 def test_within_a_training_step_the_span_check_is_recorded_not_read():
@@ -120,10 +163,12 @@ def test_within_a_training_step_the_span_check_is_recorded_not_read():
     assert not bool(checks.flag)
 
 
-def test_training_on_too_short_a_lengthscale_redoes_the_epoch_with_the_dense_product(monkeypatch):
-    """ODVGP with an additive kernel whose scaled inputs span too far: fit's speculated epoch finds the flag, undoes
-    it and runs it again with the dense product, so the trained parameters equal those of a kernel that only ever
-    took the dense product."""
+@pytest.mark.parametrize("lengthscale", [0.3, 1e-3])
+def test_training_takes_the_dense_products_parameters(lengthscale, monkeypatch):
+    """ODVGP on the additive kernel, two epochs of `fit` with its natural-gradient steps (which share their k(x,
+    gamma) a with the loss): the trained parameters equal those of a kernel that only takes the dense product. At
+    a lengthscale of 1e-3 the scaled inputs span too far: fit's speculated epoch finds the flag, undoes the epoch
+    and runs it again with the dense product."""
     from gpscale.models.odvgp import ODVGP
     from gpscale.train import fit
 
@@ -133,19 +178,24 @@ def test_training_on_too_short_a_lengthscale_redoes_the_epoch_with_the_dense_pro
 
     def trained():
         torch.manual_seed(0)
-        model = ODVGP(2, n_inducing=6, n_mean_inducing=8, kernel=AdditiveMatern(2, lengthscale=1e-3)).double()
+        model = ODVGP(2, n_inducing=6, n_mean_inducing=8, kernel=AdditiveMatern(2, lengthscale=lengthscale)).double()
         model.init(X, y)
         fit(model, X, y, epochs=2, batch_size=20, lr=0.01, progress=False)
         return {name: p.detach().clone() for name, p in model.named_parameters()}
 
-    speculated = trained()
+    ours = trained()
     monkeypatch.setattr(AdditiveMatern, "matvec", lambda self, X1, X2, v: self(X1, X2).to(v.dtype) @ v)
     dense = trained()
-    for name, value in speculated.items():
+    for name, value in ours.items():
         assert torch.isfinite(value).all(), name
         torch.testing.assert_close(value, dense[name], rtol=1e-10, atol=1e-12, msg=name)
 
 
-def test_matvec_of_no_targets_is_empty():
-    k, _, X2, v, _ = kernel_problem(2.5)
-    assert k.matvec(X2[:0], X2, v).shape == (0,)
+def test_empty_sets_give_the_dense_products_zeros():
+    """No targets, or no sources: zeros, and zero gradients (the backward's sources are the targets)."""
+    k, X1, X2, v, _ = kernel_problem(2.5)
+    X2.requires_grad_(), v.requires_grad_()
+    out = k.matvec(X1[:0], X2, v)
+    assert out.shape == (0,)
+    assert all((g == 0).all() for g in torch.autograd.grad(out.sum(), [X2, v]))
+    assert (k.matvec(X1, X2[:0], v[:0]) == 0).all()

@@ -25,8 +25,6 @@ expansion adds a relative error of about ``|t - r|^p`` times the unit round-off.
 """
 from __future__ import annotations
 
-from math import comb
-
 import torch
 from torch import Tensor
 
@@ -37,56 +35,59 @@ _P = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
 _Q = {0.5: (1.0,), 1.5: (0.0, 1.0), 2.5: (0.0, 1.0, 1.0)}
 SLOPE = {0.5: -1.0, 1.5: -1.0, 2.5: -1.0 / 3.0}
 
-# e^{500} is 1.4e217: moments of a million sources with weights up to 1e80 stay below float64's 1.8e308
+# Sources within HALF_SPAN of the centre keep e^{+-s} below e^{500} = 1.4e217: with the weights scaled to at most 1
+# and s^m at most 500^2, a prefix sum over a million sources stays below 1e229.
 HALF_SPAN = 500.0
-# a target's factor e^{-+t} is taken at t clamped to this: beyond it, t lies more than 100 past every source, and
-# what the clamp changes is below e^{-100} of the weights
-_TARGET_CLAMP = HALF_SPAN + 100.0
+# A target farther than this from the centre lies more than 100 from every source: its sums, below 1e-40 of the
+# weights' (P(100) e^{-100}), are taken at this distance instead, where e^{+-t} and t^p stay finite.
+_FAR = HALF_SPAN + 100.0
 
 
 def too_wide(*points: Tensor) -> Tensor:
-    """Whether any set of scaled points [n, D] spans more than ``2 HALF_SPAN`` in a dimension (a lengthscale below
-    ``range sqrt(2 nu) / 1,000``), where it cannot be the sources of :func:`matern_sums`: a 0-dim boolean tensor, not
-    read (a training step checks it with :func:`~gpscale.device.check_failed`)."""
-    flags = [((x.amax(0) - x.amin(0)) > 2 * HALF_SPAN).any() for x in (p.detach() for p in points) if x.shape[0]]
-    return torch.stack(flags).any() if flags else torch.zeros((), dtype=torch.bool, device=points[0].device)
+    """Whether any of the non-empty sets of scaled points [n, D] spans more than ``2 HALF_SPAN`` in a dimension (a
+    lengthscale below ``range sqrt(2 nu) / 1,000``), where it cannot be the sources of :func:`matern_sums`: a 0-dim
+    boolean tensor, not read (a training step checks it with :func:`~gpscale.device.check_failed`)."""
+    return torch.stack([((x.amax(0) - x.amin(0)) > 2 * HALF_SPAN).any() for x in (p.detach() for p in points)]).any()
 
 
-def _moments(t: Tensor, s: Tensor, v: Tensor, p: int) -> Tensor:
-    """``left_m(t) e^{-t}`` and ``right_m(t) e^{t}`` [2, p + 1, D, n_t], the left sum over the sources <= t, for
-    targets t [D, n_t] and sorted sources s [D, n_s] with weights v [D, n_s], all from one centre."""
+def _prefix_sums(s: Tensor, v: Tensor, p: int) -> Tensor:
+    """[2, p + 1, D, n_s + 1]: at k, the sums of ``s^m e^{s} v`` over the first k sources and of ``s^m e^{-s} v``
+    over the others, for sorted sources s [D, n_s] with weights v [D, n_s]."""
     powers = [v]
     for _ in range(p):
         powers.append(powers[-1] * s)
     x, e = torch.stack(powers), s.exp()  # s^m v [p + 1, D, n_s]
     zero = x.new_zeros(x.shape[:-1] + (1,))
-    # read at the count k of sources <= t: the left sum over the first k sources, the right one over the rest
-    sums = torch.stack([torch.cat([zero, (x * e).cumsum(-1)], -1),
+    return torch.stack([torch.cat([zero, (x * e).cumsum(-1)], -1),
                         torch.cat([(x / e).flip(-1).cumsum(-1).flip(-1), zero], -1)])
-    n_upto = torch.searchsorted(s, t, right=True)
-    e_t = t.clamp(-_TARGET_CLAMP, _TARGET_CLAMP).neg().exp()
-    return sums.gather(-1, n_upto.expand((2, p + 1) + tuple(t.shape))) * torch.stack([e_t, e_t.reciprocal()]).unsqueeze(1)
 
 
-def _ties(t: Tensor, s: Tensor, v: Tensor) -> Tensor:
-    """The sum of v over the sources equal to t [D, n_t]."""
-    v_upto = torch.cat([v.new_zeros(v.shape[:-1] + (1,)), v.cumsum(-1)], -1)
-    return (v_upto.gather(-1, torch.searchsorted(s, t, right=True))
-            - v_upto.gather(-1, torch.searchsorted(s, t)))
+def _read(sums: Tensor, s: Tensor, t: Tensor, with_equal: bool) -> Tensor:
+    """``left_m(t) e^{-t}`` (and ``right_m(t) e^{t}`` where ``sums`` has both sides) [sides, p + 1, D, n_t]: the
+    prefix sums read at each target's count of sources below it (with those equal to it, ``with_equal``)."""
+    count = torch.searchsorted(s, t, right=with_equal)
+    e_t = t.neg().exp()
+    factors = torch.stack([e_t, e_t.reciprocal()])[:sums.shape[0]].unsqueeze(1)
+    return sums.gather(-1, count.expand(sums.shape[:2] + tuple(t.shape))) * factors
 
 
 def matern_sums(targets: Tensor, sources: Tensor, v: Tensor, nu: float) -> tuple[Tensor, Tensor]:
     """``sum_j g(t_di - s_dj) v_j`` and ``sum_j h(t_di - s_dj) v_j`` [D, n_t] (float64), for scaled targets
-    [D, n_t], scaled sources [D, n_s] not :func:`too_wide` and weights v [n_s], per dimension d (module docstring)."""
+    [D, n_t], scaled sources [D, n_s] (n_s > 0) not :func:`too_wide` and weights v [n_s], per dimension d (module
+    docstring)."""
     targets, sources, v = (x.to(torch.float64) for x in (targets, sources, v))
+    scale = v.abs().amax()
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # weights at most 1: no overflow, no underflow
     low, high = sources.aminmax(dim=-1, keepdim=True)
     centre = (low + high) / 2
     s, order = (sources - centre).sort(-1)
     s, t = s.contiguous(), (targets - centre).contiguous()  # the binary search wants both contiguous
-    v = v.expand_as(s).gather(-1, order)
+    t = t.clamp(-_FAR, _FAR)
+    v = (v / scale).expand_as(s).gather(-1, order)
     P, Q = _P[nu], _Q[nu]
     p = len(P) - 1
-    left, right = _moments(t, s, v, p)
+    sums = _prefix_sums(s, v, p)
+    left, right = _read(sums, s, t, with_equal=True)
     a, b = left + right, left - right
     # sum_j (t - s_j)^k e^{-|t - s_j|} v_j over the sources on both sides (plus), and the left side's less the
     # right side's (minus), from the moments: (t - s)^k expanded on the left, (s - t)^k on the right
@@ -98,7 +99,8 @@ def matern_sums(targets: Tensor, sources: Tensor, v: Tensor, nu: float) -> tuple
         plus.append(t * (t * a[0] - 2.0 * a[1]) + a[2])
         minus.append(t * (t * b[0] - 2.0 * b[1]) + b[2])
     g = sum(c * term for c, term in zip(P, plus) if c)
-    h = sum(c * term for c, term in zip(Q, minus) if c)
-    if nu == 0.5:  # h(0) = 0 where the left sums took a source equal to t with h(0+) = 1
-        h = h - _ties(t, s, v)
-    return g, h
+    if nu == 0.5:  # h(0) = 0, where h(0+) = 1: h's left sum leaves out the sources equal to t, which g's takes
+        h = _read(sums[:1], s, t, with_equal=False)[0, 0] - right[0]
+    else:  # Q(0) = 0: a source equal to t adds nothing to h on either side
+        h = sum(c * term for c, term in zip(Q, minus) if c)
+    return g * scale, h * scale

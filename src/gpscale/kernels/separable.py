@@ -207,11 +207,16 @@ class AdditiveMatern(_SeparableMatern):
     def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
         """``K(X1, X2) v`` [n1] in v's dtype, in O((n1 + n2) log n2) per dimension
         (:mod:`~gpscale.kernels.matern_sums`), float64 within; the dense product where a dimension's scaled
-        inputs span more than that allows (a lengthscale below about a thousandth of the inputs' range)."""
-        A, B = self.scaled(X1.to(CORE)), self.scaled(X2.to(CORE))
-        if check_failed(sums.too_wide(A, B)):  # within a training step: recorded, and the step redone if set
+        inputs span more than that allows (a lengthscale below about a thousandth of the inputs' range: X2's, and
+        X1's where a gradient in X2 or v is wanted), or where either set is empty."""
+        if not (X1.shape[0] and X2.shape[0]):
             return super().matvec(X1, X2, v)
-        return _AdditiveMaternMatvec.apply(A, B, self.variance.to(CORE), v.to(CORE), self.nu).to(v.dtype)
+        A, B, v64 = self.scaled(X1.to(CORE)), self.scaled(X2.to(CORE)), v.to(CORE)
+        # X1's points are the sources of the backward's sums for the gradients in X2 and v
+        backward_sources = (A,) if torch.is_grad_enabled() and (B.requires_grad or v64.requires_grad) else ()
+        if check_failed(sums.too_wide(B, *backward_sources)):  # in a training step: recorded; fit redoes the epoch
+            return super().matvec(X1, X2, v)
+        return _AdditiveMaternMatvec.apply(A, B, self.variance.to(CORE), v64, self.nu).to(v.dtype)
 
 
 class ProductMatern(_SeparableMatern):

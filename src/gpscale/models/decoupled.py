@@ -71,7 +71,8 @@ class OrthogonallyDecoupledGP(VariationalGP):
 
     def mean_basis_sums(self, a: Tensor) -> tuple[Tensor, Tensor]:
         """``c = K_beta,gamma a`` [M_b] and ``K_gamma,gamma a`` [M_g] (float64), shared within a training step; a
-        kernel with structure (:meth:`~gpscale.kernels.Kernel.matvec`) forms neither matrix."""
+        kernel with structure (:meth:`~gpscale.kernels.Kernel.matvec`) takes the second without forming K_gamma,gamma
+        (the first is the features' Kuf(gamma), here formed)."""
         return self.step_shared("K_gamma a", None, lambda: (self.features.Kuf(self.gamma).to(CORE) @ a,
                                                             self.kernel.matvec(self.gamma, self.gamma, a)))
 

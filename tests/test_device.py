@@ -21,6 +21,7 @@ from gpscale import GPClassifier, train
 from gpscale.bench.floor import random_problem, trainer_step
 from gpscale.bench.host_reads import host_reads
 from gpscale.device import check_failed, chunks_on, deferred_checks, pinned_for
+from gpscale.kernels import matern_sums
 from gpscale.distributed import LOCAL
 from gpscale.linalg import NumericalWarning
 from gpscale.models import get_model_class
@@ -94,6 +95,28 @@ def test_a_training_epoch_reads_the_device_once_after_its_last_step(problem):
     expected = {"_speculate", *CPU_ONLY_READS, *KEPT_READS.get(method, ())}
     unexpected = [str(r) for r in reads if r.function not in expected]
     assert unexpected == [] and [r.function for r in reads].count("_speculate") == 1
+
+
+@pytest.mark.parametrize("method", ["odvff", "odvgp"])
+def test_the_additive_kernels_sums_read_nothing_in_a_step(method, monkeypatch):
+    """The additive Matérn's K v by sorted sums (taken only from DENSE_BELOW kernel values up; here at the contract's
+    small sizes) records its span check instead of reading it: an epoch reads the device once, and a step runs on
+    the meta device."""
+    monkeypatch.setattr(matern_sums, "DENSE_BELOW", 1)
+    options = {"kernel": "additive_matern32"} if method == "odvgp" else {}
+    model, X, y, generator = small_problem(method, **options)
+    epoch = trainer_step(model, generator)
+    epoch(X, y, BATCH)
+    reads = host_reads(lambda: epoch(X, y, BATCH))
+    assert [r.function for r in reads if r.function not in CPU_ONLY_READS] == ["_speculate"]
+    model, X, y, _ = small_problem(method, **options)
+    model.to("meta")
+    X, y = X.to("meta"), y.to("meta")
+    optimiser = torch.optim.Adam(model.parameter_groups(), lr=1e-3)
+    with deferred_checks():
+        one_step(model, X, y, optimiser)
+    with deferred_checks():
+        assert [str(r) for r in host_reads(lambda: one_step(model, X, y, optimiser))] == []
 
 
 def test_host_reads_are_found_with_the_line_that_made_them_and_adams_own_are_not():

@@ -5,11 +5,19 @@ import torch
 
 from gpscale.device import deferred_checks
 from gpscale.kernels import AdditiveMatern
+from gpscale.kernels import matern_sums as sums_module
 from gpscale.kernels.matern_sums import HALF_SPAN, matern_sums, too_wide
 from gpscale.kernels.separable import _AdditiveMaternMatvec
 
 F64 = torch.float64
 NUS = (0.5, 1.5, 2.5)
+
+
+@pytest.fixture(autouse=True)
+def sums_at_every_size(monkeypatch):
+    """The kernel takes the sums only from DENSE_BELOW values up; these tests' small sets take them too (an empty set
+    still takes the dense product)."""
+    monkeypatch.setattr(sums_module, "DENSE_BELOW", 1)
 
 
 def dense_sums(t, s, v, nu):
@@ -189,6 +197,14 @@ def test_training_takes_the_dense_products_parameters(lengthscale, monkeypatch):
     for name, value in ours.items():
         assert torch.isfinite(value).all(), name
         torch.testing.assert_close(value, dense[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_small_matrices_take_the_dense_product(monkeypatch):
+    """Below DENSE_BELOW kernel values the dense product is the shorter, and is taken (no sums are called)."""
+    monkeypatch.setattr(sums_module, "DENSE_BELOW", 20 * 11 * 3 + 1)
+    monkeypatch.setattr(sums_module, "matern_sums", None)
+    k, X1, X2, v, _ = kernel_problem(1.5)
+    torch.testing.assert_close(k.matvec(X1, X2, v), k(X1, X2) @ v, rtol=0, atol=0)
 
 
 def test_empty_sets_give_the_dense_products_zeros():

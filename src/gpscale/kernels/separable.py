@@ -208,8 +208,9 @@ class AdditiveMatern(_SeparableMatern):
         """``K(X1, X2) v`` [n1] in v's dtype, in O((n1 + n2) log n2) per dimension
         (:mod:`~gpscale.kernels.matern_sums`), float64 within; the dense product where a dimension's scaled
         inputs span more than that allows (a lengthscale below about a thousandth of the inputs' range: X2's, and
-        X1's where a gradient in X2 or v is wanted), or where either set is empty."""
-        if not (X1.shape[0] and X2.shape[0]):
+        X1's where a gradient in X2 or v is wanted), or where the matrix is small enough that forming it is shorter
+        (fewer than :data:`~gpscale.kernels.matern_sums.DENSE_BELOW` values)."""
+        if self.n_features * X1.shape[0] * X2.shape[0] < sums.DENSE_BELOW:  # empty sets too
             return super().matvec(X1, X2, v)
         A, B, v64 = self.scaled(X1.to(CORE)), self.scaled(X2.to(CORE)), v.to(CORE)
         # X1's points are the sources of the backward's sums for the gradients in X2 and v

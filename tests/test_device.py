@@ -21,8 +21,8 @@ from gpscale import GPClassifier, train
 from gpscale.bench.floor import random_problem, trainer_step
 from gpscale.bench.host_reads import host_reads
 from gpscale.device import check_failed, chunks_on, deferred_checks, pinned_for
-from gpscale.kernels import matern_sums
 from gpscale.distributed import LOCAL
+from gpscale.kernels import matern_sums
 from gpscale.linalg import NumericalWarning
 from gpscale.models import get_model_class
 from gpscale.models.base import option_names

@@ -18,10 +18,11 @@ the moments
 a prefix and a suffix sum over the sources sorted once, read at each target's place among them (a binary search).
 The h-sums take the same moments.
 
-Numerics, in float64 throughout: the coordinates are taken from the centre r of the sources' range, so ``e^{+-s}``
-stays finite while every source lies within :data:`HALF_SPAN` of r (:func:`too_wide` says where not); the prefix sums add
-terms that grow along them, so they err by about as much as the dense sum over the same terms; the binomial
-expansion adds a relative error of about ``|t - r|^p`` times the unit round-off.
+Numerics, in float64 throughout: the coordinates are taken from the centre r of the sources' range and the weights
+scaled to at most 1, so ``s^m e^{+-s} v`` stays finite while every source lies within :data:`HALF_SPAN` of r
+(:func:`too_wide` says where not), and only a weight below 1e-90 of the largest can underflow there; the prefix
+sums add terms that grow along them, so they err by about as much as the dense sum over the same terms; the
+binomial expansion adds a relative error of about ``|t - r|^p`` times the unit round-off.
 """
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ _P = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
 _Q = {0.5: (1.0,), 1.5: (0.0, 1.0), 2.5: (0.0, 1.0, 1.0)}
 SLOPE = {0.5: -1.0, 1.5: -1.0, 2.5: -1.0 / 3.0}
 
-# Below this many kernel values (D n1 n2) the dense product is the shorter: the sums' forward and backward cost some
-# 1.3-2 ms on a CPU whatever the size (sorting, binary searches, some 40 small operators). Measured forward and backward
-# on two threads: [4, 400, 100] 1.4 ms against the dense 0.9, [17, 400, 100] 2.2 against 1.8, [8, 400, 300] 2.1
-# against 2.8, [17, 400, 300] 2.6 against 6.2.
+# Below this many kernel values (D n1 n2) the dense product is the shorter: the sums' forward and backward cost
+# some 1.3-2 ms on a CPU whatever the size (sorting, binary searches, some 40 small operators). Measured forward and
+# backward on two threads: [4, 400, 100] 1.4 ms against the dense 0.9, [17, 400, 100] 2.2 against 1.8,
+# [8, 400, 300] 2.1 against 2.8, [17, 400, 300] 2.6 against 6.2. Not measured on a GPU.
 DENSE_BELOW = 1_000_000
 
 # Sources within HALF_SPAN of the centre keep e^{+-s} below e^{500} = 1.4e217: with the weights scaled to at most 1

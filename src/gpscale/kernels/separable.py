@@ -19,7 +19,6 @@ from torch.nn.functional import softplus
 
 from ..device import check_failed
 from ..linalg import CORE
-
 from . import matern_sums as sums
 from .stationary import SOFTPLUS_ZERO, Kernel, inverse_softplus
 

@@ -54,7 +54,8 @@ class Kernel(nn.Module):
         raise NotImplementedError
 
     def matvec(self, X1: Tensor, X2: Tensor, v: Tensor) -> Tensor:
-        """``K(X1, X2) v`` [n1] in v's dtype; kernels with structure (:class:`AdditiveMatern`) skip forming K."""
+        """``K(X1, X2) v`` [n1] in v's dtype; a kernel with structure (:class:`AdditiveMatern`) may take it without
+        forming K."""
         return self(X1, X2).to(v.dtype) @ v
 
     def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:

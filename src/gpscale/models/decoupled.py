@@ -70,9 +70,9 @@ class OrthogonallyDecoupledGP(VariationalGP):
         return MeanWeights(a, Kuu.solve((q_mu - c).unsqueeze(-1)).squeeze(-1), c, self.gamma)
 
     def mean_basis_sums(self, a: Tensor) -> tuple[Tensor, Tensor]:
-        """``c = K_beta,gamma a`` [M_b] and ``K_gamma,gamma a`` [M_g] (float64), shared within a training step; a
-        kernel with structure (:meth:`~gpscale.kernels.Kernel.matvec`) takes the second without forming K_gamma,gamma
-        (the first is the features' Kuf(gamma), here formed)."""
+        """``c = K_beta,gamma a`` [M_b], from the features' Kuf(gamma), and ``K_gamma,gamma a`` [M_g], which a kernel
+        with structure takes without forming K_gamma,gamma (:meth:`~gpscale.kernels.Kernel.matvec`); float64, shared
+        within a training step. ODVGP, whose features are the kernel's own points, takes both in one product."""
         return self.step_shared("K_gamma a", None, lambda: (self.features.Kuf(self.gamma).to(CORE) @ a,
                                                             self.kernel.matvec(self.gamma, self.gamma, a)))
 

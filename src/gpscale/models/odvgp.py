@@ -35,8 +35,8 @@ class ODVGP(OrthogonallyDecoupledGP):
         self.init_variational(self.n_inducing)
 
     def mean_basis_sums(self, a: Tensor) -> tuple[Tensor, Tensor]:
-        """As the engine's, in one product: K_beta,gamma = k(Z, gamma), so both are k(t, gamma) a, t in [Z; gamma]
-        (one pass over gamma where the kernel has structure)."""
+        """As the engine's, in one product: K_beta,gamma = k(Z, gamma), so both are k(t, gamma) a for t in
+        [Z; gamma] (one call of the additive kernel's sums over gamma, not two)."""
         def both():
             sums = self.kernel.matvec(torch.cat([self.features.Z, self.gamma]), self.gamma, a)
             return sums[:self.n_inducing], sums[self.n_inducing:]

@@ -57,6 +57,20 @@ def test_matern_gradient_is_finite_at_zero_distance(points):
     assert torch.isfinite(k.raw_lengthscale.grad).all()
 
 
+@pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
+def test_round_off_never_takes_a_kernel_value_above_the_outputscale(name):
+    """Far from the origin the Gram expansion ``|a|^2 - 2 a.b + |b|^2`` cancels to round-off, which can leave a
+    squared distance below 0: clamped, every value is at most s^2 (the kernel's value at distance 0) and finite,
+    where unclamped the RBF's exp(+) passes s^2 and a Matérn's square root of a negative is NaN."""
+    g = torch.Generator().manual_seed(3)
+    X = 300.0 + 1e-3 * torch.randn(40, 3, generator=g)  # float32, rows nearly equal and far from 0
+    k = with_params(make_kernel(name, 3), LS, 2.5)
+    with torch.no_grad():
+        K, s2 = k(X, X), k.outputscale
+    assert torch.isfinite(K).all()
+    assert (K <= s2).all()
+
+
 def _by_autograd(name, X1, X2, lengthscale, outputscale):
     """The kernel as a plain differentiable expression (no custom backward)."""
     A, B = X1 / lengthscale, X2 / lengthscale

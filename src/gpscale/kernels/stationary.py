@@ -104,16 +104,17 @@ class Stationary(Kernel):
         ls = self.lengthscale.to(X1.dtype)
         return _sq_dist(X1 / ls, X2 / ls)
 
-    def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:  # pragma: no cover - interface
-        """``g`` as a function of the squared scaled distance (``g(0) = 1``), as a tensor of its own (the caller
-        scales it in place into K; it may reuse ``sq_dist``'s memory), and what :meth:`weighted_slope` needs."""
+    def gram(self, A: Tensor, B: Tensor, outputscale: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:  # pragma: no cover
+        """``K = s^2 g(||a - b||^2)`` [..., n1, n2] for scaled inputs A [..., n1, d] and B [..., n2, d], a tensor of
+        its own formed in as few passes over n1 x n2 memory as the profile allows (these passes, not the distances'
+        product, are most of the time of the large kernel matrices), and what :meth:`weighted_slope` needs."""
         raise NotImplementedError
 
-    def weighted_slope(self, grad: Tensor, K: Tensor, outputscale: Tensor,
-                       state: tuple[Tensor, ...]) -> tuple[Tensor, Tensor | float]:  # pragma: no cover - interface
-        """``(H, c)`` with ``c H = grad * s^2 dg / d(sq_dist)``: H a new tensor, formed in as few passes as the
-        profile allows, and the scalar c applied later to the [n, d] results instead of the [n1, n2] matrix. K is
-        the forward's output, ``s^2 g``."""
+    def weighted_slope(self, grad: Tensor, K: Tensor,
+                       state: tuple[Tensor, ...]) -> tuple[Tensor, float]:  # pragma: no cover - interface
+        """``(H, c)`` with ``c H = grad * s^2 dg / d(||a - b||^2)``: H a new tensor, formed in as few passes as the
+        profile allows, and the number c applied later to the [n, d] results instead of the [n1, n2] matrix. K is
+        :meth:`gram`'s output, ``s^2 g``, and state what it returned beside K."""
         raise NotImplementedError
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
@@ -129,13 +130,16 @@ class Stationary(Kernel):
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
 
 
-def _sq_dist(A: Tensor, B: Tensor) -> Tensor:
-    """``||a - b||^2`` [..., n1, n2] for rows of A [..., n1, d] and B [..., n2, d] (no batch axis, or one): one
-    n1 x n2 buffer (per batch entry), which addmm fills with |a|^2 - 2 a.b and |b|^2 joins in place; clamped at 0
-    against round-off."""
+def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0, shift: Tensor | float = 0.0) -> Tensor:
+    """``shift + scale ||a - b||^2`` [..., n1, n2] for rows of A [..., n1, d] and B [..., n2, d] (no batch axis, or
+    one): one n1 x n2 buffer (per batch entry), which addmm fills with the Gram expansion's
+    ``scale (|a|^2 - 2 a.b) + shift`` and ``scale |b|^2`` joins in place, so that a kernel's scale and shift of the
+    distance cost no pass of their own. Clamped at its value at distance 0 against round-off, which can leave a
+    squared distance below 0."""
     product = torch.addmm if A.dim() == 2 else torch.baddbmm
-    sq = product((A * A).sum(-1, keepdim=True), A, B.transpose(-2, -1), alpha=-2.0)
-    return sq.add_((B * B).sum(-1).unsqueeze(-2)).clamp_min_(0.0)
+    sq = product((A * A).sum(-1, keepdim=True).mul_(scale).add_(shift), A, B.transpose(-2, -1), alpha=-2.0 * scale)
+    sq.add_((B * B).sum(-1).unsqueeze(-2), alpha=scale)
+    return sq.clamp_min_(shift) if scale > 0 else sq.clamp_max_(shift)
 
 
 class _StationaryGram(torch.autograd.Function):
@@ -154,8 +158,7 @@ class _StationaryGram(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A: Tensor, B: Tensor, outputscale: Tensor, kernel: Stationary) -> Tensor:
-        g, state = kernel.profile(_sq_dist(A, B))
-        K = g.mul_(outputscale)
+        K, state = kernel.gram(A, B, outputscale)
         ctx.kernel = kernel
         ctx.save_for_backward(A, B, outputscale, K, *state)
         return K
@@ -169,7 +172,7 @@ class _StationaryGram(torch.autograd.Function):
         if need_scale:
             dscale = torch.tensordot(grad, K, dims=K.dim()) / outputscale
         if need_A or need_B:
-            H, c = ctx.kernel.weighted_slope(grad, K, outputscale, tuple(state))
+            H, c = ctx.kernel.weighted_slope(grad, K, tuple(state))
             if need_A:
                 dA = (H.sum(-1, keepdim=True) * A - H @ B).mul_(2.0 * c)
             if need_B:
@@ -190,8 +193,7 @@ class _WeightedSelfGrams(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A: Tensor, weights: Tensor, outputscale: Tensor, kernel: Stationary) -> Tensor:
-        g, state = kernel.profile(_sq_dist(A, A))
-        K = g.mul_(outputscale)
+        K, state = kernel.gram(A, A, outputscale)
         values = K.flatten(-2) @ weights.reshape(-1)
         ctx.kernel = kernel
         ctx.save_for_backward(A, weights, outputscale, K, values, *state)
@@ -208,7 +210,7 @@ class _WeightedSelfGrams(torch.autograd.Function):
         if need_weights:
             dweights = torch.mv(K.flatten(-2).T, grad).view_as(weights)  # not a product of inner dimension c
         if need_A:
-            H, c = ctx.kernel.weighted_slope(weights * grad[:, None, None], K, outputscale, tuple(state))
+            H, c = ctx.kernel.weighted_slope(weights * grad[:, None, None], K, tuple(state))
             dA = (H.sum(-1, keepdim=True) * A - H @ A).mul_(4.0 * c)
         return dA, dweights, dscale, None
 
@@ -216,10 +218,11 @@ class _WeightedSelfGrams(torch.autograd.Function):
 class RBF(Stationary):
     """Squared exponential: ``g = exp(-r^2 / 2)``, ``dg / d(r^2) = -g / 2``."""
 
-    def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        return sq_dist.mul_(-0.5).exp_(), ()
+    def gram(self, A, B, outputscale):
+        """``exp(log s^2 - r^2 / 2)``: the outputscale joins the exponent, so K takes one pass after the product."""
+        return _sq_dist(A, B, scale=-0.5, shift=outputscale.log()).exp_(), ()
 
-    def weighted_slope(self, grad, K, outputscale, state):
+    def weighted_slope(self, grad, K, state):
         """``s^2 dg / d(r^2) = -K / 2``."""
         return grad * K, -0.5
 
@@ -244,25 +247,30 @@ class Matern(Stationary):
     def extra_repr(self) -> str:
         return f"nu={self.nu}, {super().extra_repr()}"
 
-    def profile(self, sq_dist: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        z = sq_dist.mul_(2.0 * self.nu).sqrt_()
-        decay = torch.neg(z).exp_()
+    def gram(self, A, B, outputscale):
+        """From ``z`` (the product's buffer, scaled by 2 nu in it, then its root) and ``s^2 exp(-z)`` (the outputscale
+        joining the exponent): five passes for nu = 5/2, where the polynomial and the scale applied one term at a
+        time took ten."""
+        z = _sq_dist(A, B, scale=2.0 * self.nu).sqrt_()
+        decay = torch.sub(outputscale.log(), z).exp_()  # s^2 exp(-z)
         if self.nu == 0.5:
             return decay.clone(), (z, decay)
         if self.nu == 1.5:
             return torch.addcmul(decay, decay, z), (z, decay)
-        return (z * z).div_(3.0).add_(z).add_(1.0).mul_(decay), (z, decay)
+        K = torch.addcmul(z, z, z, value=1.0 / 3.0)  # z + z^2 / 3
+        return torch.addcmul(decay, decay, K, out=K), (z, decay)
 
-    def weighted_slope(self, grad, K, outputscale, state):
+    def weighted_slope(self, grad, K, state):
         """``s^2 dg / d(r^2) = s^2 g'(r) / (2 r)``: -s^2 exp(-z) / (2 r), -3/2 s^2 exp(-z), -5/6 s^2 (1 + z) exp(-z)
-        (z = sqrt(2 nu) r); for nu = 1/2, 0 where r = 0 (as the derivative of the root floored above 0)."""
+        (z = sqrt(2 nu) r); for nu = 1/2, 0 where r = 0 (as the derivative of the root floored above 0). The state's
+        ``s^2 exp(-z)`` carries the outputscale."""
         z, decay = state
         H = grad * decay
         if self.nu == 0.5:
-            return H.div_(z).masked_fill_(z <= 1e-15, 0.0), -0.5 * outputscale
+            return H.div_(z).masked_fill_(z <= 1e-15, 0.0), -0.5
         if self.nu == 1.5:
-            return H, -1.5 * outputscale
-        return H.addcmul_(H, z), -5.0 / 6.0 * outputscale
+            return H, -1.5
+        return H.addcmul_(H, z), -5.0 / 6.0
 
 
 class Periodic(Kernel):

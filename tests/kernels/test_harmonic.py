@@ -20,6 +20,7 @@ from gpscale.kernels.harmonic import (
     Product,
     SubspaceNegation,
     check_invariant,
+    block_harmonic_grams,
     harmonic_gram,
     harmonic_kernel,
     harmonic_kernels,
@@ -209,6 +210,29 @@ def test_ways_commute_and_compose_row_major(action, d):
                 ab = action.apply(action.apply(X, b), a)
                 torch.testing.assert_close(ab, action.apply(action.apply(X, a), b), rtol=0, atol=1e-12)
                 torch.testing.assert_close(ab, action.apply(X, a + b), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_orbit_is_each_element_applied_in_turn_in_value_and_gradient(name):
+    """``orbit`` (one batched product of the ways' matrices multiplied out, for the linear actions: subspace
+    negations, rotations, their products) against ``apply`` of each element, the chain of the ways' own
+    operations; for a subset of the elements too (the half orbit of a Gram matrix)."""
+    _, action, X, _ = make_case(name)
+    X = X.clone().requires_grad_()
+    orbit = action.orbit(X)
+    applied = torch.stack([action.apply(X, s) for s in range(action.order)])
+    torch.testing.assert_close(orbit, applied, rtol=0, atol=1e-13)
+    weights = torch.randn(orbit.shape, dtype=F64, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(torch.autograd.grad((orbit * weights).sum(), X)[0],
+                               torch.autograd.grad((applied * weights).sum(), X)[0], rtol=0, atol=1e-12)
+    half = action.half_orbit()
+    torch.testing.assert_close(action.orbit(X, half), applied[half], rtol=0, atol=1e-13)
+
+
+def test_products_of_subspace_negations_and_rotations_are_linear_and_the_rest_are_not():
+    assert pca_negations(rotated_data(40, 5), 3).is_linear and LongitudeRotation(12).is_linear
+    assert not Product([SubspaceNegation(torch.eye(3)[:, :1]), Negation()]).is_linear
+    assert not any(a.is_linear for a in (Identity(), Negation(), CyclicShift(n_features=3), ImageFlip(4, 5, 0)))
 
 
 def test_flip_orbit_order_and_image_layout():
@@ -549,6 +573,24 @@ def test_gram_from_half_the_orbit_equals_the_full_sum(name):
         torch.testing.assert_close(harmonic_gram(kernel, action, X), 0.5 * (full + full.mT), rtol=0, atol=1e-14)
         torch.testing.assert_close(harmonic_gram(kernel, action, X, action.n_subkernels - 1), full[-1],
                                    rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["negation", "pca_matern", "rotation_P4", "shifts_3x4", "flips"])
+def test_block_grams_in_one_call_equal_one_gram_per_block_in_value_and_gradient(name):
+    """block_harmonic_grams (every block's half orbit and Gram matrix in one batched call) against harmonic_gram
+    of each block with its own sub-kernel, in value and in the gradients of the points and the hyperparameters."""
+    kernel, action, _, _ = make_case(name)
+    T, d = action.n_subkernels, kernel.n_features
+    Z = torch.randn(T, 4, d, dtype=F64, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    ts = list(range(T))[::-1]  # not in order: block b takes sub-kernel ts[b]
+    batched = block_harmonic_grams(kernel, action, Z, ts)
+    looped = torch.stack([harmonic_gram(kernel, action, Z[b], t) for b, t in enumerate(ts)])
+    torch.testing.assert_close(batched, looped, rtol=0, atol=1e-13)
+    weights = torch.randn(batched.shape, dtype=F64, generator=torch.Generator().manual_seed(7))
+    wrt = [Z, kernel.raw_lengthscale, kernel.raw_outputscale]
+    for a, b in zip(torch.autograd.grad((batched * weights).sum(), wrt),
+                    torch.autograd.grad((looped * weights).sum(), wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_inverse_negates_each_ways_exponent():

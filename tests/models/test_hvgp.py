@@ -161,6 +161,25 @@ def test_features_are_the_sub_kernels_and_shared_inducing_points_share_one_orbit
             separate.kernel, Negation(), t, separate.features.Z[t], separate.features.Z[t]))
 
 
+def test_kuu_of_a_kernel_without_batches_is_formed_block_by_block_alike():
+    """K_uu's blocks in one batched kernel call (a Stationary kernel) and one call per block (a kernel that takes no
+    batch axis, as a user's may not) agree in value and in the gradient of Z."""
+    model = rbf_hvgp("pca_negation", m=5, n_ways=2)
+    g = torch.Generator().manual_seed(8)
+    model.initialise(torch.randn(60, 2, generator=g, dtype=F64), torch.randn(60, generator=g, dtype=F64))
+    calls = []
+    forward = model.kernel.forward
+    model.kernel.forward = lambda X1, X2: calls.append(X1.ndim) or forward(X1, X2)
+    batched = model.features.Kuu()
+    model.kernel.takes_batches = False
+    looped = model.features.Kuu()
+    assert calls == [3] + [2] * model.features.blocks  # one batched call, then one call per block
+    torch.testing.assert_close(batched, looped, rtol=0, atol=1e-13)
+    weights = torch.randn(batched.shape, generator=g, dtype=F64)
+    grads = [torch.autograd.grad((K * weights).sum(), model.features.Z)[0] for K in (batched, looped)]
+    torch.testing.assert_close(*grads, rtol=1e-12, atol=1e-12)
+
+
 def test_ard_kernels_are_refused_for_groups_that_mix_coordinates():
     with pytest.raises(ValueError, match="ard=False"):
         HVGP(3, group="pca_negation", kernel="rbf", ard=True)

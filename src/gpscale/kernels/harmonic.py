@@ -37,7 +37,7 @@ from .stationary import Kernel
 __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "subspace_negations",
            "pca_negations", "CyclicShift", "OrthogonalAction", "LongitudeRotation", "sphere_embedding", "ImageRoll",
            "ImageFlip", "Product", "real_weights", "orbit_gram", "harmonic_kernels", "harmonic_kernel",
-           "harmonic_gram", "check_invariant"]
+           "harmonic_gram", "block_harmonic_grams", "check_invariant"]
 
 
 def real_weights(P: int) -> Tensor:
@@ -82,10 +82,30 @@ class GroupAction:
         self._check_input(X)
         return self._power(X, s)
 
-    def orbit(self, X: Tensor) -> Tensor:
-        """``[G^0 X, ..., G^{S-1} X]`` [S, n, d]."""
+    def orbit(self, X: Tensor, elements: list[int] | None = None) -> Tensor:
+        """``[G^s X for s in elements]`` [len(elements), n, d] (default: the whole orbit, s = 0..S-1): one batched
+        product where the action is linear (:meth:`linear_maps`), else one application per element."""
         self._check_input(X)
-        return torch.stack([self._power(X, s) for s in range(self.order)])
+        elements = list(range(self.order)) if elements is None else list(elements)
+        if not self.is_linear:
+            return torch.stack([self._power(X, s) for s in elements])
+        d = X.shape[-1]
+        maps = self.constants.get(("linear_maps", d, *elements), lambda: self.linear_maps(d)[elements], X.dtype,
+                                  X.device)
+        return X @ maps
+
+    @property
+    def is_linear(self) -> bool:
+        """Whether the action is a dense matrix product on the rows, with its matrices from :meth:`linear_maps`."""
+        return False
+
+    def linear_maps(self, d: int) -> Tensor:
+        """M [S, d, d] (float64) with ``G^s X = X M[s]`` for rows of d features, where :attr:`is_linear`: the orbit
+        is then one batched product, where applying each element in turn took S chains of a few small operators
+        each (with J subspace negations, 3 J products and passes for each of 2^J elements, and as many again
+        backward). Actions cheaper as index or sign operations (negations of coordinates, shifts, images) are not
+        linear in this sense."""
+        raise NotImplementedError(f"{self!r} is not a dense matrix product")
 
     def inverse(self, s: int) -> int:
         """The index of ``G^{-s}``: every way's exponent negated mod its period."""
@@ -194,6 +214,7 @@ class SubspaceNegation(GroupAction):
     """
 
     periods = (2,)
+    is_linear = True
 
     def __init__(self, U: Tensor, atol: float = 1e-5):
         U = torch.as_tensor(U, dtype=torch.float64).detach()
@@ -212,6 +233,10 @@ class SubspaceNegation(GroupAction):
             return X
         U = self.constants.get("U", lambda: self.U, X.dtype, X.device)
         return X - 2 * (X @ U) @ U.T
+
+    def linear_maps(self, d: int) -> Tensor:
+        eye = torch.eye(self.n_features, dtype=torch.float64)
+        return torch.stack([eye, eye - 2 * self.U @ self.U.T])
 
 
 def pca_directions(X: Tensor) -> Tensor:
@@ -276,6 +301,8 @@ class OrthogonalAction(GroupAction):
     """``x -> R x`` for an orthogonal R [d, d] of order P (R^P = I, and no smaller power is I). Invariant kernels:
     isotropic stationary and inner-product kernels."""
 
+    is_linear = True
+
     def __init__(self, R: Tensor, P: int, atol: float = 1e-10):
         R = torch.as_tensor(R, dtype=torch.float64).detach()
         P = operator.index(P)
@@ -298,6 +325,9 @@ class OrthogonalAction(GroupAction):
 
     def _power(self, X: Tensor, s: int) -> Tensor:
         return X @ self.constants.get("powers", lambda: self.powers, X.dtype, X.device)[s].T
+
+    def linear_maps(self, d: int) -> Tensor:
+        return self.powers.mT  # G^s X = X (R^s)^T
 
 
 class LongitudeRotation(OrthogonalAction):
@@ -386,6 +416,17 @@ class Product(GroupAction):
             X = action._power(X, s_action)
         return X
 
+    @property
+    def is_linear(self) -> bool:
+        return all(action.is_linear for action in self.actions)
+
+    def linear_maps(self, d: int) -> Tensor:
+        """The ways' matrices multiplied in the row-major numbering of s (they commute, so in any order)."""
+        maps = torch.eye(d, dtype=torch.float64).unsqueeze(0)
+        for action in self.actions:
+            maps = (maps.unsqueeze(1) @ action.linear_maps(d).unsqueeze(0)).flatten(0, 1)
+        return maps
+
     def __repr__(self) -> str:
         return f"Product([{', '.join(map(repr, self.actions))}])"
 
@@ -422,13 +463,33 @@ def harmonic_gram(kernel: Kernel, action: GroupAction, X: Tensor, t: int | None 
     they differ. That is S / 2 + 1 kernel blocks instead of S for a cyclic group."""
     if t is not None and not 0 <= operator.index(t) < action.n_subkernels:
         raise ValueError(f"Sub-kernel t={t} is outside 0..{action.n_subkernels - 1} for {action!r}.")
-    half = action.half_orbit()
-    orbit = torch.stack([action.apply(X, s) for s in half])  # [H, n, d]
-    K = kernel(X, orbit.reshape(-1, X.shape[-1])).reshape(X.shape[0], len(half), X.shape[0]).movedim(1, 0)
+    K = _half_orbit_grams(kernel, action, X)  # [n, H, n]
     W = action.half_orbit_weights(K.dtype, K.device)
-    K_t = torch.einsum("th,hij->tij", W if t is None else W[t:t + 1], K)
-    K_t = 0.5 * (K_t + K_t.mT)
+    K_t = _symmetric(torch.einsum("th,ihj->tij", W if t is None else W[t:t + 1], K))
     return K_t if t is None else K_t[0]
+
+
+def block_harmonic_grams(kernel: Kernel, action: GroupAction, Z: Tensor, ts: list[int]) -> Tensor:
+    """``k_{t_b}(Z_b, Z_b)`` [B, m, m] for blocks of points Z [B, m, d], block b's own sub-kernel ``ts[b]``, as
+    :func:`harmonic_gram` forms each: every block's half orbit in one product and their Gram matrices in one call
+    of the kernel over a leading batch axis, which the kernel must take (:attr:`Kernel.takes_batches`), where a
+    call per block took a dozen operators forward and backward for each."""
+    K = _half_orbit_grams(kernel, action, Z)  # [B, m, H, m]
+    W = action.half_orbit_weights(K.dtype, K.device)[list(ts)]  # [B, H]
+    return _symmetric(torch.einsum("bh,bihj->bij", W, K))
+
+
+def _half_orbit_grams(kernel: Kernel, action: GroupAction, X: Tensor) -> Tensor:
+    """``k(X_b, G^s X_b)`` [..., n, H, n] for s over the half orbit, for points X [n, d] (one kernel call on rows)
+    or blocks X [B, n, d] (one over a batch axis)."""
+    *batch, n, d = X.shape
+    half = action.half_orbit()
+    orbit = action.orbit(X.reshape(-1, d), half).view(len(half), *batch, n, d).movedim(0, -3)  # [..., H, n, d]
+    return kernel(X, orbit.reshape(*batch, len(half) * n, d)).view(*batch, n, len(half), n)
+
+
+def _symmetric(K: Tensor) -> Tensor:
+    return 0.5 * (K + K.mT)
 
 
 def check_invariant(kernel: Kernel, action: GroupAction, X: Tensor, atol: float = 1e-10) -> None:

@@ -42,6 +42,9 @@ class Kernel(nn.Module):
     gpscale's own kernels ``config()``: their constructor's arguments, from which a saved model rebuilds them
     (:func:`gpscale.kernels.kernel_spec`)."""
 
+    #: whether ``forward`` also takes inputs with a leading batch axis, X1 [B, n1, d] and X2 [B, n2, d] -> [B, n1, n2]
+    takes_batches: bool = False
+
     def config(self) -> dict | None:
         """The constructor arguments (JSON values; nested kernels as kernels) that rebuild this kernel's structure,
         its values then coming from ``state_dict``; None for a kernel gpscale cannot rebuild."""
@@ -74,6 +77,8 @@ class Stationary(Kernel):
         lengthscale: initial lengthscale(s).
         outputscale: initial outputscale s^2.
     """
+
+    takes_batches = True
 
     def __init__(self, n_features: int, ard: bool = True, lengthscale: float = SOFTPLUS_ZERO,
                  outputscale: float = SOFTPLUS_ZERO):

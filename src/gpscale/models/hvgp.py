@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from ..kernels import Kernel
 from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
-                                Product, check_invariant, harmonic_gram, orbit_gram,
+                                Product, block_harmonic_grams, check_invariant, harmonic_gram, orbit_gram,
                                 pca_directions, subspace_negations)
 from ..linalg import solve_lower, weighted_sum
 from ._variational import VariationalGP
@@ -102,8 +102,11 @@ class HarmonicFeatures(InducingFeatures):
         kernel = kernel_on(self.kernel, device)
         if self.shared:
             return harmonic_gram(kernel, self.action, self.Z.to(device))[blocks]
-        ts = range(self.blocks)[blocks]  # each block against its own orbit only
-        return torch.stack([harmonic_gram(kernel, self.action, Zt, t) for t, Zt in zip(ts, self.Z[blocks].to(device))])
+        ts = list(range(self.blocks)[blocks])  # each block against its own orbit only
+        Z = self.Z[blocks].to(device)
+        if self.kernel.takes_batches:
+            return block_harmonic_grams(kernel, self.action, Z, ts)
+        return torch.stack([harmonic_gram(kernel, self.action, Zt, t) for t, Zt in zip(ts, Z)])
 
     def Kff_diag(self, X: Tensor) -> Tensor:
         return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)

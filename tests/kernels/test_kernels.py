@@ -61,7 +61,8 @@ def test_matern_gradient_is_finite_at_zero_distance(points):
 def test_round_off_never_takes_a_kernel_value_above_the_outputscale(name):
     """Far from the origin the Gram expansion ``|a|^2 - 2 a.b + |b|^2`` cancels to round-off, which can leave a
     squared distance below 0: clamped, every value is at most s^2 (the kernel's value at distance 0) and finite,
-    where unclamped the RBF's exp(+) passes s^2 and a Matérn's square root of a negative is NaN."""
+    where unclamped the RBF's exp(+) passes s^2 and a Matérn's square root of a negative is NaN. At distance 0
+    the value is s^2 exactly."""
     g = torch.Generator().manual_seed(3)
     X = 300.0 + 1e-3 * torch.randn(40, 3, generator=g)  # float32, rows nearly equal and far from 0
     k = with_params(make_kernel(name, 3), LS, 2.5)
@@ -69,6 +70,10 @@ def test_round_off_never_takes_a_kernel_value_above_the_outputscale(name):
         K, s2 = k(X, X), k.outputscale
     assert torch.isfinite(K).all()
     assert (K <= s2).all()
+    with torch.no_grad():  # at distance 0 exactly s^2, as diag gives it (not exp(log s^2), an ulp off)
+        for scale in torch.linspace(0.1, 20.0, 25).tolist():  # exp(log s^2) misses about half of them
+            k.raw_outputscale.fill_(float(inverse_softplus(torch.tensor(scale))))
+            assert (k(torch.zeros(3, 3), torch.zeros(2, 3)) == k.outputscale).all()
 
 
 def _by_autograd(name, X1, X2, lengthscale, outputscale):

@@ -231,8 +231,30 @@ def test_the_orbit_is_each_element_applied_in_turn_in_value_and_gradient(name):
 
 def test_products_of_subspace_negations_and_rotations_are_linear_and_the_rest_are_not():
     assert pca_negations(rotated_data(40, 5), 3).is_linear and LongitudeRotation(12).is_linear
+    assert not SubspaceNegation(torch.eye(784, dtype=F64)[:, :3]).is_linear  # a map dearer than its two products
     assert not Product([SubspaceNegation(torch.eye(3)[:, :1]), Negation()]).is_linear
     assert not any(a.is_linear for a in (Identity(), Negation(), CyclicShift(n_features=3), ImageFlip(4, 5, 0)))
+
+
+def test_the_orbit_of_a_product_of_periods_4_and_2_in_float32_and_past_the_maps_cap(monkeypatch):
+    """A rotation by 90 degrees of the first two coordinates (P = 4) times the negation of the third (P = 2): the
+    maps' row-major numbering over unequal periods, the maps' float32 copy beside the float64 one, and the
+    element-by-element path where the maps would hold more than MAPS_ENTRIES numbers."""
+    R = torch.eye(3, dtype=F64)
+    R[:2, :2] = R90
+    action = Product([OrthogonalAction(R, 4), SubspaceNegation(torch.eye(3, dtype=F64)[:, 2:])])
+    assert action.is_linear and action.order == 8
+    X = points(6, 3, 3)
+    applied = torch.stack([action.apply(X, s) for s in range(8)])
+    torch.testing.assert_close(action.orbit(X), applied, rtol=0, atol=1e-13)
+    torch.testing.assert_close(action.orbit(X.float()), applied.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(action.orbit(X, torch.tensor([5, 2])), applied[[5, 2]], rtol=0, atol=1e-13)
+    monkeypatch.setattr("gpscale.kernels.harmonic.MAPS_ENTRIES", 8 * 9 - 1)
+    torch.testing.assert_close(action.orbit(X), applied, rtol=0, atol=1e-13)
+    with pytest.raises(ValueError, match="s=8"):
+        action.orbit(X, [0, 8])
+    with pytest.raises(ValueError, match="s=-1"):
+        action.orbit(X, [-1])
 
 
 def test_flip_orbit_order_and_image_layout():

@@ -161,12 +161,14 @@ def test_features_are_the_sub_kernels_and_shared_inducing_points_share_one_orbit
             separate.kernel, Negation(), t, separate.features.Z[t], separate.features.Z[t]))
 
 
-def test_kuu_of_a_kernel_without_batches_is_formed_block_by_block_alike():
+@pytest.mark.parametrize("group, d", [("pca_negation", 2), ("negation", 2), ("cyclic_shift", 3)])
+def test_kuu_of_a_kernel_without_batches_is_formed_block_by_block_alike(group, d):
     """K_uu's blocks in one batched kernel call (a Stationary kernel) and one call per block (a kernel that takes no
-    batch axis, as a user's may not) agree in value and in the gradient of Z."""
-    model = rbf_hvgp("pca_negation", m=5, n_ways=2)
+    batch axis, as a user's may not) agree in value and in the gradient of Z: for a linear action, an index action
+    and one whose half orbit doubles the weight of an element (a shift of period 3)."""
+    model = HVGP(d, n_inducing=5, group=group, n_ways=2, kernel=RBF(d, ard=False), jitter=1e-10).double()
     g = torch.Generator().manual_seed(8)
-    model.initialise(torch.randn(60, 2, generator=g, dtype=F64), torch.randn(60, generator=g, dtype=F64))
+    model.initialise(torch.randn(60, d, generator=g, dtype=F64), torch.randn(60, generator=g, dtype=F64))
     calls = []
     forward = model.kernel.forward
     model.kernel.forward = lambda X1, X2: calls.append(X1.ndim) or forward(X1, X2)

@@ -40,6 +40,11 @@ __all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_direc
            "harmonic_gram", "block_harmonic_grams", "check_invariant"]
 
 
+# the most numbers a linear action's orbit maps [S, d, d] may hold (64 MB in float64): beyond, the orbit is taken one
+# element at a time (8 maps of 784 x 784, PCA negations of flattened MNIST images, are 4.9 million)
+MAPS_ENTRIES = 2**23
+
+
 def real_weights(P: int) -> Tensor:
     """The real-resolved DFT weights W(P) [floor(P/2) + 1, P] of one cyclic way (float64)."""
     P = operator.index(P)
@@ -76,35 +81,50 @@ class GroupAction:
 
     def apply(self, X: Tensor, s: int) -> Tensor:
         """``G^s X`` [n, d] for X [n, d] and s in 0..S-1 (row-major over the ways' exponents)."""
-        s = operator.index(s)
-        if not 0 <= s < self.order:
-            raise ValueError(f"Group element s={s} is outside 0..{self.order - 1} for {self!r}.")
+        s = self._element(s)
         self._check_input(X)
         return self._power(X, s)
 
     def orbit(self, X: Tensor, elements: list[int] | None = None) -> Tensor:
         """``[G^s X for s in elements]`` [len(elements), n, d] (default: the whole orbit, s = 0..S-1): one batched
-        product where the action is linear (:meth:`linear_maps`), else one application per element."""
+        product where the action is linear (:meth:`linear_maps`) and its maps hold at most :data:`MAPS_ENTRIES`
+        numbers, else one application per element."""
         self._check_input(X)
-        elements = list(range(self.order)) if elements is None else list(elements)
-        if not self.is_linear:
-            return torch.stack([self._power(X, s) for s in elements])
+        elements = list(range(self.order)) if elements is None else [self._element(s) for s in elements]
         d = X.shape[-1]
+        if not self.is_linear or self.order * d * d > MAPS_ENTRIES:
+            return torch.stack([self._power(X, s) for s in elements])
         maps = self.constants.get(("linear_maps", d, *elements), lambda: self.linear_maps(d)[elements], X.dtype,
                                   X.device)
         return X @ maps
 
+    def _element(self, s: int) -> int:
+        s = operator.index(s)
+        if not 0 <= s < self.order:
+            raise ValueError(f"Group element s={s} is outside 0..{self.order - 1} for {self!r}.")
+        return s
+
     @property
     def is_linear(self) -> bool:
-        """Whether the action is a dense matrix product on the rows, with its matrices from :meth:`linear_maps`."""
-        return False
+        """Whether the orbit is taken as dense matrix products on the rows, the matrices from :meth:`linear_maps`:
+        for actions that are such products (:meth:`linear_rank` not None) and whose d x d map per element costs
+        about what their own operations do. Reflections of total rank K take about 4 d K multiply-adds a row for
+        each element's half of the ways, 2 d K on average, against d^2 for a map: linear where 2 K >= d (a PCA
+        basis split among a few ways), not for a reflection of low rank in many dimensions. A subclass that changes
+        ``_power`` must not inherit a rank, or its ``_power`` goes unused."""
+        rank = self.linear_rank()
+        return rank is not None and 2 * rank >= self.n_features
+
+    def linear_rank(self) -> int | None:
+        """The total rank of the ways' own products (d for a rotation, k for a reflection in span(U), U [d, k]);
+        None for actions that are not dense matrix products (the default)."""
+        return None
 
     def linear_maps(self, d: int) -> Tensor:
         """M [S, d, d] (float64) with ``G^s X = X M[s]`` for rows of d features, where :attr:`is_linear`: the orbit
         is then one batched product, where applying each element in turn took S chains of a few small operators
         each (with J subspace negations, 3 J products and passes for each of 2^J elements, and as many again
-        backward). Actions cheaper as index or sign operations (negations of coordinates, shifts, images) are not
-        linear in this sense."""
+        backward)."""
         raise NotImplementedError(f"{self!r} is not a dense matrix product")
 
     def inverse(self, s: int) -> int:
@@ -214,7 +234,6 @@ class SubspaceNegation(GroupAction):
     """
 
     periods = (2,)
-    is_linear = True
 
     def __init__(self, U: Tensor, atol: float = 1e-5):
         U = torch.as_tensor(U, dtype=torch.float64).detach()
@@ -233,6 +252,9 @@ class SubspaceNegation(GroupAction):
             return X
         U = self.constants.get("U", lambda: self.U, X.dtype, X.device)
         return X - 2 * (X @ U) @ U.T
+
+    def linear_rank(self) -> int:
+        return self.U.shape[1]
 
     def linear_maps(self, d: int) -> Tensor:
         eye = torch.eye(self.n_features, dtype=torch.float64)
@@ -301,8 +323,6 @@ class OrthogonalAction(GroupAction):
     """``x -> R x`` for an orthogonal R [d, d] of order P (R^P = I, and no smaller power is I). Invariant kernels:
     isotropic stationary and inner-product kernels."""
 
-    is_linear = True
-
     def __init__(self, R: Tensor, P: int, atol: float = 1e-10):
         R = torch.as_tensor(R, dtype=torch.float64).detach()
         P = operator.index(P)
@@ -325,6 +345,9 @@ class OrthogonalAction(GroupAction):
 
     def _power(self, X: Tensor, s: int) -> Tensor:
         return X @ self.constants.get("powers", lambda: self.powers, X.dtype, X.device)[s].T
+
+    def linear_rank(self) -> int:
+        return self.n_features
 
     def linear_maps(self, d: int) -> Tensor:
         return self.powers.mT  # G^s X = X (R^s)^T
@@ -416,9 +439,9 @@ class Product(GroupAction):
             X = action._power(X, s_action)
         return X
 
-    @property
-    def is_linear(self) -> bool:
-        return all(action.is_linear for action in self.actions)
+    def linear_rank(self) -> int | None:
+        ranks = [action.linear_rank() for action in self.actions]
+        return None if None in ranks else sum(ranks)
 
     def linear_maps(self, d: int) -> Tensor:
         """The ways' matrices multiplied in the row-major numbering of s (they commute, so in any order)."""

@@ -43,6 +43,7 @@ class Kernel(nn.Module):
     (:func:`gpscale.kernels.kernel_spec`)."""
 
     #: whether ``forward`` also takes inputs with a leading batch axis, X1 [B, n1, d] and X2 [B, n2, d] -> [B, n1, n2]
+    #: (a subclass of a kernel that does, whose ``forward`` does not, sets it False)
     takes_batches: bool = False
 
     def config(self) -> dict | None:
@@ -112,7 +113,8 @@ class Stationary(Kernel):
     def gram(self, A: Tensor, B: Tensor, outputscale: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:  # pragma: no cover
         """``K = s^2 g(||a - b||^2)`` [..., n1, n2] for scaled inputs A [..., n1, d] and B [..., n2, d], a tensor of
         its own formed in as few passes over n1 x n2 memory as the profile allows (these passes, not the distances'
-        product, are most of the time of the large kernel matrices), and what :meth:`weighted_slope` needs."""
+        product, are most of the time of the large kernel matrices), and what :meth:`weighted_slope` needs. It works
+        in place, for the forward pass of a custom autograd Function: call it with autograd off."""
         raise NotImplementedError
 
     def weighted_slope(self, grad: Tensor, K: Tensor,
@@ -252,13 +254,14 @@ class Matern(Stationary):
         return f"nu={self.nu}, {super().extra_repr()}"
 
     def gram(self, A, B, outputscale):
-        """From ``z`` (the product's buffer, scaled by 2 nu in it, then its root) and ``s^2 exp(-z)``, with the
+        """From ``z`` (the distances of inputs scaled by sqrt(2 nu), then their root) and ``s^2 exp(-z)``, with the
         polynomial in two fused multiply-adds: eight passes over n1 x n2 memory after the product for nu = 5/2,
         where the distance's scale, the polynomial one term at a time and the outputscale last took twelve. The
         outputscale is a product, not a term of the exponent (``exp(log s^2 - z)``, a pass shorter), so that the
         kernel at distance 0 is s^2 exactly, as ``diag`` gives it: off by an ulp there, the float32 posterior of a
         deep convolutional model (the contract tests') moved 2.5 times as far from its float64 one."""
-        z = _sq_dist(A, B, scale=2.0 * self.nu).sqrt_()
+        root = math.sqrt(2.0 * self.nu)  # scales the inputs, not the buffer, so that equal rows stay at distance 0
+        z = _sq_dist(A * root, B * root).sqrt_()
         decay = torch.neg(z).exp_().mul_(outputscale)  # s^2 exp(-z)
         if self.nu == 0.5:
             return decay.clone(), (z, decay)

@@ -13,7 +13,7 @@ from gpscale.models.sgpr import SGPR
 from gpscale.models.svgp import SVGP
 from gpscale.defaults import Convergence
 from gpscale.models import get_model_class
-from gpscale.train import TrainingError, _LinesPerMinute, _Plateau, fit, progress_bar
+from gpscale.train import TrainingError, _lbfgs_plateaued, _LinesPerMinute, _Plateau, fit, progress_bar
 
 
 def sgpr(d=2, m=10, **kw):
@@ -236,6 +236,21 @@ def test_plateau_rule_waits_cuts_the_learning_rate_then_stops():
     # 3.995 and 3.99 are within 1% of the best: a wait, then the cut; 3.0 improves; the next plateau, after the
     # one cut allowed, stops
     assert verdicts == ["improved", "improved", "wait", "cut", "improved", "wait", "stop", "stop"]
+
+
+def test_lbfgs_plateau_counts_evaluations_not_iterations():
+    rule = Convergence(tol=1e-3, lbfgs_window=10)
+    # fewer than ten evaluations in: nothing to compare with yet
+    assert not _lbfgs_plateaued([(e, 2.0) for e in range(1, 9)], 2.0, 9, rule)
+    # one evaluation an iteration: the loss ten iterations back
+    steady = [(e, 2.0 - 0.01 * e) for e in range(1, 20)]
+    assert not _lbfgs_plateaued(steady, 2.0 - 0.01 * 20, 20, rule)
+    assert _lbfgs_plateaued(steady[:9] + [(e, 1.9) for e in range(10, 20)], 1.9, 20, rule)
+    # two iterations whose line searches took 25 evaluations between them: the window is spent
+    searching = [(2, 2.0), (5, 1.0)]
+    assert _lbfgs_plateaued(searching, 0.9995, 30, rule)
+    assert not _lbfgs_plateaued(searching, 0.99, 30, rule)
+    assert not _lbfgs_plateaued(searching, 0.9995, 14, rule)  # (5, 1.0) ended only 9 evaluations ago
 
 
 def test_lbfgs_to_convergence_stops_before_the_cap_and_says_so():

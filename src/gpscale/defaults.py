@@ -66,8 +66,9 @@ class Convergence:
     minibatch losses moves by about that much from window to window by chance alone. After ``patience`` windows
     without improvement Adam's learning rate is multiplied by ``lr_factor``; the next such plateau after
     ``lr_cuts`` cuts ends training. L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
-    fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` iterations. Either way, training
-    stops after the method's ``max_steps``.
+    fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` evaluations of the loss (counted to
+    the end of an iteration: with one evaluation an iteration, the last ``lbfgs_window`` iterations; fewer where
+    line searches take several). Either way, training stops after the method's ``max_steps``.
     """
 
     tol: float = 1e-4

@@ -42,7 +42,7 @@ class LbfgsResult:
 
 def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[tuple[float, float]] | None = None,
              max_iterations: int = 1000, max_evaluations: int = 15000,
-             callback: Callable[[int, float], None] | None = None, comm: Comm = LOCAL) -> LbfgsResult:
+             callback: Callable[[int, float, int], None] | None = None, comm: Comm = LOCAL) -> LbfgsResult:
     """Minimise ``loss()`` over the tensors ``params`` (flattened, in order) by scipy's L-BFGS-B with autograd
     gradients, and leave them at the best point evaluated (not always scipy's last one).
 
@@ -52,7 +52,8 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
         max_iterations: scipy's ``maxiter``; its tolerances are the defaults (factr 1e7, pgtol 1e-5), as GPy's.
         max_evaluations: scipy's ``maxfun``, the evaluations of ``loss`` (and its gradient) the line searches may
             take in all (scipy's default 15,000): what bounds the time, each evaluation being a pass over the data.
-        callback: called after each iteration with its number (from 0) and the loss there.
+        callback: called after each iteration with its number (from 0), the loss there and the evaluations of
+            ``loss`` so far.
         comm: the processes of a data-parallel job, each minimising with ``loss()`` its share of the one loss:
             the shares' values and gradients are summed across them, so every process sees the same numbers and
             takes the same steps.
@@ -96,7 +97,7 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
 
     def after_iteration(_x: np.ndarray) -> None:
         if callback is not None:
-            callback(state["iteration"], state["last"])
+            callback(state["iteration"], state["last"], state["evaluations"])
         state["iteration"] += 1
 
     out = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds, callback=after_iteration,

@@ -403,19 +403,18 @@ def _optimise_lbfgs(model, X, y, result, settings: Training, convergence: Conver
     iterations = settings.max_steps if converging else settings.epochs
     bar = progress_bar(total=iterations, desc=model.key or "fit", unit="it", enabled=progress and comm.rank == 0)
     clock = {"tic": time.perf_counter()}
-    window = convergence.lbfgs_window
+    marks: list[tuple[int, float]] = []  # (evaluations so far, loss) at the end of each iteration
 
-    def record(iteration: int, loss: float) -> None:
+    def record(iteration: int, loss: float, evaluations: int) -> None:
         now = time.perf_counter()
         result.history.append({"epoch": iteration, "step": iteration + 1, "loss": loss, "lr": math.nan,
                                "seconds": now - clock["tic"]})
         clock["tic"] = now
         bar.update()
         bar.set_postfix(loss=f"{loss:.4g}")
-        if converging and len(result.history) > window:
-            before = result.history[-1 - window]["loss"]
-            if before - loss < convergence.tol * max(1.0, abs(loss)):
-                raise StopIteration  # scipy ends the run; the best point is kept
+        if converging and _lbfgs_plateaued(marks, loss, evaluations, convergence):
+            raise StopIteration  # scipy ends the run; the best point is kept
+        marks.append((evaluations, loss))
 
     objective, n = _Objective(model), Shard.of(X.shape[0], comm).n_global
     fitted = lbfgs.minimise(lambda: objective(X, y, n, 1.0 / comm.world_size, comm), params,
@@ -427,6 +426,19 @@ def _optimise_lbfgs(model, X, y, result, settings: Training, convergence: Conver
         result.converged = fitted.iterations < iterations and fitted.evaluations < iterations
     if not fitted.evaluated:
         raise TrainingError(f"L-BFGS could not evaluate the loss at any of {fitted.evaluations} points.")
+
+
+def _lbfgs_plateaued(marks: list[tuple[int, float]], loss: float, evaluations: int,
+                     convergence: Convergence) -> bool:
+    """Whether the loss fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` evaluations: since
+    the latest iteration in ``marks`` (evaluations so far, loss) that ended that many evaluations or more ago.
+
+    The window counts evaluations, each a pass over the data, rather than iterations: near a minimum, where
+    round-off blurs the loss, each of L-BFGS's line searches may take ten or twenty evaluations for a change in the
+    sixth digit (SGPR on 36,000 rows of Friedman #1: the last 6 of 33 iterations took 73 of 107 evaluations and
+    lowered the loss per row by 2.4e-5)."""
+    earlier = [before for at, before in marks if at <= evaluations - convergence.lbfgs_window]
+    return bool(earlier) and earlier[-1] - loss < convergence.tol * max(1.0, abs(loss))
 
 
 def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str, enabled: bool) -> tqdm:

@@ -763,9 +763,12 @@ def test_the_exact_gp_initialisation_stays_in_its_box_on_categorical_inputs():
     model.init(X, y)
     raw = torch.cat([model.kernel.raw_lengthscale, model.kernel.raw_outputscale.reshape(1)])
     span = torch.tensor([5.0, 5.0, 3.0, 1.0, 2.0, 1.0], dtype=F64)  # a constant column counts as 1
+    gap = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0], dtype=F64)  # the levels' spacing; one grid point: no gap
     ls = model.kernel.lengthscale
     assert torch.isfinite(raw).all()
-    assert (ls >= span * 1e-4 * (1 - 1e-9)).all() and (ls <= span * 1e4 * (1 + 1e-9)).all()
+    # no shorter than a quarter of the grid's spacing, below which rows between grid points have no features
+    lower = torch.maximum(span * grief_init.INIT_RANGE**-1, grief_init.MIN_GRID_FRACTION * gap)
+    assert (ls >= lower * (1 - 1e-9)).all() and (ls <= span * 1e4 * (1 + 1e-9)).all()
     assert ls[:2].max() < 0.5 < ls[2:5].min()  # the two inputs that matter are short, the others long
     with torch.no_grad():
         assert math.isfinite(model.loss(X, y, 300).item())

@@ -9,6 +9,7 @@ from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
 from gpscale.models._linear import CollapsedGP, Features, FeatureSpaceGP
+from gpscale.models._weight_space import gram_and_cross_grad
 from gpscale.models.sgpr import SGPR
 
 F64 = torch.float64
@@ -47,6 +48,27 @@ def dense_predictive(Kxx, Kxs, Kss, y, noise):
     A = Kxx + noise * torch.eye(len(y), dtype=F64)
     mean = Kxs.T @ torch.linalg.solve(A, y)
     return mean, Kss - Kxs.T @ torch.linalg.solve(A, Kxs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_the_gradient_through_the_gram_and_cross_products_in_either_layout(dtype, layout):
+    # inducing features come as K_uf^T, a transposed view: the product is then taken as (G K_uf)^T
+    g = torch.Generator().manual_seed(0)
+    Phi = torch.randn(37, 5, generator=g, dtype=F64)
+    Phi = Phi.T.contiguous().T if layout == "columns" else Phi
+    y = torch.randn(37, generator=g, dtype=F64)
+    grad_A, grad_b = torch.randn(5, 5, generator=g, dtype=F64), torch.randn(5, generator=g, dtype=F64)
+    G = grad_A + grad_A.T
+    dPhi = gram_and_cross_grad(Phi.to(dtype), G, y, grad_b)
+    assert dPhi.dtype == dtype and dPhi.shape == (37, 5)
+    torch.testing.assert_close(dPhi.double(), Phi @ G + torch.outer(y, grad_b),
+                               rtol=1e-5 if dtype == torch.float32 else 1e-13, atol=1e-5)
+    # and as the backward of the products themselves
+    leaf = Phi.clone().requires_grad_(True)
+    A, b = leaf.T @ leaf, leaf.T @ y
+    torch.testing.assert_close(torch.autograd.grad([A, b], leaf, [grad_A, grad_b])[0],
+                               gram_and_cross_grad(Phi, G, y, grad_b), rtol=1e-13, atol=1e-13)
 
 
 @pytest.fixture

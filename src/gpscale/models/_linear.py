@@ -21,8 +21,8 @@ from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
 from ..linalg import CORE, cholesky, solve_lower
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, chunk_sums, collapse_cholesky,
-                            collapse_qr, evidence_maximising_noise, held_statistics, log_evidence, residual_quad,
-                            weight_space_factors)
+                            collapse_qr, evidence_maximising_noise, gram_and_cross_grad, held_statistics, log_evidence,
+                            residual_quad, weight_space_factors)
 from .base import GPModel, PredictiveFactors
 from .inducing import InducingFeatures, jittered_cholesky
 
@@ -304,7 +304,7 @@ class _StreamedStatistics(torch.autograd.Function):
 
         def seeds(features, Xc, yc, rows):
             Phi = features.raw(Xc)
-            outputs, grads = [Phi], [(Phi.detach().to(CORE) @ G + yc.unsqueeze(-1) * grad_b).to(Phi.dtype)]
+            outputs, grads = [Phi], [gram_and_cross_grad(Phi.detach(), G, yc, grad_b)]
             if ctx.prior_diag is not None:
                 outputs.append(ctx.prior_diag(Xc).sum().to(CORE))
                 grads.append(grad_trace)

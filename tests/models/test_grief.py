@@ -24,6 +24,7 @@ from gpscale.kernels.grid import (
     grid_points,
     grief_features,
     interpolated_kernel,
+    pad_grids,
     se_factor,
     top_eigenvalues,
 )
@@ -65,21 +66,34 @@ def flat_index(idxs, sizes):
     return (idxs * torch.tensor(strides)).sum(-1)
 
 
+def pipeline(X, xg, ls, sf2, p, jitter=1e-12):
+    """Phi [n, p] and the spectrum (lam [d, M], logl, idxs) of the grid functions, as GRIEF chains them."""
+    grid, sizes = pad_grids(xg)
+    lam, Q = factor_eigh(grid_factors(grid, sizes, ls, sf2, jitter), sizes)
+    logl, idxs = top_eigenvalues(lam, sizes, p)
+    return grief_features(cross_factors(X, grid, sizes, ls, sf2), Q, idxs, logl), lam, logl, idxs
+
+
 def setting(sizes=(4, 5, 3), lengthscale=(0.7, 1.3, 0.5), n=30, outputscale=1.0, seed=0, jitter=1e-12):
-    """Grids on [-1, 1], inputs X [n, d] inside, and the factors of the grid algebra."""
+    """Grids on [-1, 1], inputs X [n, d] inside, and the factors of the grid algebra: padded (K, lam, Q, Kxu) as
+    the functions take them, and one block per dimension (Ks, lams, Qs, Kxus) for the dense references."""
     g = torch.Generator().manual_seed(seed)
     xg = [torch.linspace(-1, 1, s, dtype=F64) for s in sizes]
     X = torch.rand(n, len(sizes), generator=g, dtype=F64) * 2 - 1
     ls, sf2 = torch.tensor(lengthscale, dtype=F64), torch.tensor(outputscale, dtype=F64)
-    Ks = grid_factors(xg, ls, sf2, jitter)
-    eigen = [factor_eigh(K) for K in Ks]
-    return dict(xg=xg, X=X, ls=ls, sf2=sf2, Ks=Ks, lams=[e[0] for e in eigen], Qs=[e[1] for e in eigen],
-                Kxu=cross_factors(X, xg, ls, sf2), U=torch.cartesian_prod(*xg).reshape(-1, len(sizes)))
+    grid, _ = pad_grids(xg)
+    K = grid_factors(grid, sizes, ls, sf2, jitter)
+    lam, Q = factor_eigh(K, sizes)
+    Kxu = cross_factors(X, grid, sizes, ls, sf2)
+    return dict(xg=xg, X=X, ls=ls, sf2=sf2, sizes=sizes, K=K, lam=lam, Q=Q, Kxu=Kxu,
+                Ks=[K[i, :m, :m] for i, m in enumerate(sizes)], lams=[lam[i, :m] for i, m in enumerate(sizes)],
+                Qs=[Q[i, :m, :m] for i, m in enumerate(sizes)], Kxus=[Kxu[i, :, :m] for i, m in enumerate(sizes)],
+                U=torch.cartesian_prod(*xg).reshape(-1, len(sizes)))
 
 
 def features_of(s, p):
-    logl, idxs = top_eigenvalues(s["lams"], p)
-    return grief_features(s["Kxu"], s["Qs"], idxs, logl), logl, idxs
+    logl, idxs = top_eigenvalues(s["lam"], s["sizes"], p)
+    return grief_features(s["Kxu"], s["Q"], idxs, logl), logl, idxs
 
 
 def dense_log_evidence(K, y, noise):
@@ -103,11 +117,29 @@ def statistics(Phi, y, chunk_size=7):
     return _weight_space.accumulate(lambda P: P, Phi, y, chunk_size=chunk_size)
 
 
+def test_padded_factors_hold_each_dimensions_own_kernel_and_eigenpairs():
+    # the d factors of unequal sizes as one padded batch: each block and its eigenpairs as computed alone, the
+    # padding zero in the eigenpairs and in the cross factors
+    s = setting(outputscale=1.7)
+    for i, (x, m) in enumerate(zip(s["xg"], s["sizes"])):
+        scale = 1.7 if i == 0 else 1.0  # s_f^2 on the first factor only
+        K = scale * se_factor(x, x, s["ls"][i]) + 1e-12 * torch.eye(m, dtype=F64)
+        torch.testing.assert_close(s["K"][i, :m, :m], K, rtol=1e-14, atol=0)
+        lam, Q = torch.linalg.eigh(K)
+        torch.testing.assert_close(s["lam"][i, :m], lam.clamp_min(torch.finfo(F64).eps * lam.max()), rtol=1e-10,
+                                   atol=1e-15)
+        signs = torch.sign((s["Q"][i, :m, :m] * Q).sum(0))  # eigenvectors are defined up to sign
+        torch.testing.assert_close(s["Q"][i, :m, :m] * signs, Q, rtol=0, atol=1e-10)
+        assert (s["lam"][i, m:] == 0).all() and (s["Q"][i, m:] == 0).all() and (s["Q"][i, :, m:] == 0).all()
+        torch.testing.assert_close(s["Kxu"][i, :, :m], scale * se_factor(s["X"][:, i], x, s["ls"][i]))
+        assert (s["Kxu"][i, :, m:] == 0).all()
+
+
 # --- 1, 2, 3. Algorithm 1 -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("p", [1, 7, 12, 60, 100])
 def test_1_algorithm1_equals_brute_force(p):
     s = setting()
-    logl, idxs = top_eigenvalues(s["lams"], p)
+    logl, idxs = top_eigenvalues(s["lam"], s["sizes"], p)
     assert logl.shape == (min(p, 60),) and idxs.shape == (min(p, 60), 3)  # p capped at m = 60
     brute = torch.sort(kron(s["lams"]), descending=True).values[:p]
     torch.testing.assert_close(logl.exp(), brute, rtol=1e-12, atol=0)
@@ -118,7 +150,7 @@ def test_1_algorithm1_equals_brute_force(p):
 
 def test_2_indices_are_consistent_with_the_kronecker_order():
     s = setting()
-    logl, idxs = top_eigenvalues(s["lams"], 25)
+    logl, idxs = top_eigenvalues(s["lam"], s["sizes"], 25)
     per_dimension = torch.stack([lam[idxs[:, i]] for i, lam in enumerate(s["lams"])]).prod(0)
     torch.testing.assert_close(per_dimension, logl.exp(), rtol=1e-12, atol=0)
     g = flat_index(idxs, (4, 5, 3))
@@ -131,7 +163,7 @@ def test_3_ties_from_an_isotropic_kernel_on_identical_grids():
     full = kron(s["lams"])
     brute = torch.sort(full, descending=True).values
     p = next(k for k in range(1, 25) if brute[k - 1] == brute[k])  # a tie straddles position p
-    logl, idxs = top_eigenvalues(s["lams"], p)
+    logl, idxs = top_eigenvalues(s["lam"], s["sizes"], p)
     torch.testing.assert_close(logl.exp(), brute[:p], rtol=1e-12, atol=0)
     chosen = set(flat_index(idxs, (5, 5)).tolist())
     must = set(torch.nonzero(full > brute[p - 1] * (1 + 1e-12)).flatten().tolist())  # strictly above the tie
@@ -139,34 +171,34 @@ def test_3_ties_from_an_isotropic_kernel_on_identical_grids():
     tied = {g for g in chosen - must if abs(full[g] - brute[p - 1]) <= 1e-12 * brute[p - 1]}
     assert chosen - must == tied  # the rest are tied values only
     # the stable sort is reproducible: the lower flat index wins the tie
-    again = top_eigenvalues([lam.clone() for lam in s["lams"]], p)[1]
+    again = top_eigenvalues(s["lam"].clone(), s["sizes"], p)[1]
     assert torch.equal(idxs, again)
 
 
 # --- 4, 5, 6, 7, 8. Theorem 2 and the Nyström kernel -----------------------------------------------------------------
 def test_4_theorem2_hadamard_form_equals_the_explicit_product():
     s = setting()
-    logl, idxs = top_eigenvalues(s["lams"], 40)
-    Kxu_full = reduce(lambda A, B: (A[:, :, None] * B[:, None, :]).reshape(A.shape[0], -1), s["Kxu"])  # [n, m]
+    logl, idxs = top_eigenvalues(s["lam"], s["sizes"], 40)
+    Kxu_full = reduce(lambda A, B: (A[:, :, None] * B[:, None, :]).reshape(A.shape[0], -1), s["Kxus"])  # [n, m]
     torch.testing.assert_close(Kxu_full, se_ard(s["X"], s["U"], s["ls"]), rtol=1e-12, atol=1e-14)  # C order
     explicit = Kxu_full @ kron(s["Qs"])[:, flat_index(idxs, (4, 5, 3))]
-    hadamard = grief_features(s["Kxu"], s["Qs"], idxs, torch.zeros_like(logl))  # Lambda^0: K_XU Q S_p^T itself
+    hadamard = grief_features(s["Kxu"], s["Q"], idxs, torch.zeros_like(logl))  # Lambda^0: K_XU Q S_p^T itself
     torch.testing.assert_close(hadamard, explicit, rtol=1e-10, atol=1e-12)
 
 
 def test_5_log_domain_features_equal_the_direct_quotient_and_zeros_are_exact():
     s = setting()
     Phi, logl, idxs = features_of(s, 40)
-    B = [K @ Q[:, idxs[:, i]] for i, (K, Q) in enumerate(zip(s["Kxu"], s["Qs"]))]
+    B = [K @ Q[:, idxs[:, i]] for i, (K, Q) in enumerate(zip(s["Kxus"], s["Qs"]))]
     direct = reduce(torch.mul, B) / logl.exp().sqrt()
     torch.testing.assert_close(Phi, direct, rtol=1e-10, atol=1e-13)
-    Kxu = [K.clone().requires_grad_(True) for K in s["Kxu"]]
-    Kxu[1].data[3] = 0.0  # row 3 of B^(2) is exactly 0
-    Phi0 = grief_features(Kxu, s["Qs"], idxs, logl)
+    Kxu = s["Kxu"].clone().requires_grad_(True)
+    Kxu.data[1, 3] = 0.0  # row 3 of B^(2) is exactly 0
+    Phi0 = grief_features(Kxu, s["Q"], idxs, logl)
     assert (Phi0[3] == 0).all() and torch.isfinite(Phi0).all()
     torch.testing.assert_close(Phi0[torch.arange(30) != 3], Phi[torch.arange(30) != 3], rtol=1e-12, atol=0)
     Phi0.sum().backward()
-    assert all(torch.isfinite(K.grad).all() for K in Kxu)
+    assert torch.isfinite(Kxu.grad).all()
 
 
 def test_6_p_equal_to_m_gives_subset_of_regressors():
@@ -185,9 +217,7 @@ def test_7_inducing_points_containing_x_reproduce_k():
     xg = grid_points(X, grid_size=10)
     assert [len(x) for x in xg] == [5, 4]
     ls, sf2 = torch.tensor([0.6, 0.9], dtype=F64), torch.tensor(1.3, dtype=F64)
-    lams, Qs = zip(*[factor_eigh(K) for K in grid_factors(xg, ls, sf2)])
-    logl, idxs = top_eigenvalues(list(lams), 20)
-    Phi = grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl)
+    Phi = pipeline(X, xg, ls, sf2, 20)[0]
     torch.testing.assert_close(Phi @ Phi.T, se_ard(X, X, ls, 1.3), rtol=0, atol=1e-8)
 
 
@@ -214,9 +244,7 @@ def test_8_finer_grids_approximate_k_better_at_interior_points(d):
     errors = []
     for mbar in (3, 5, 9):  # nested grids on [-1, 1], p = m
         xg = [torch.linspace(-1, 1, mbar, dtype=F64)] * d
-        lams, Qs = zip(*[factor_eigh(Kg) for Kg in grid_factors(xg, ls, sf2)])
-        logl, idxs = top_eigenvalues(list(lams), mbar**d)
-        Phi = grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl)
+        Phi = pipeline(X, xg, ls, sf2, mbar**d)[0]
         errors.append(torch.linalg.norm(K - Phi @ Phi.T).item())
     assert errors[0] > 3 * errors[1] > 9 * errors[2]
 
@@ -237,11 +265,8 @@ class LargestTensor(TorchDispatchMode):
 
 
 def grief_pipeline(X, grid_size, p, lengthscale):
-    xg = grid_points(X, grid_size)
     ls, sf2 = torch.full((X.shape[1],), lengthscale, dtype=F64), torch.tensor(1.0, dtype=F64)
-    lams, Qs = zip(*[factor_eigh(K) for K in grid_factors(xg, ls, sf2)])
-    logl, idxs = top_eigenvalues(list(lams), p)
-    return grief_features(cross_factors(X, xg, ls, sf2), list(Qs), idxs, logl), lams, logl, idxs
+    return pipeline(X, grid_points(X, grid_size), ls, sf2, p)
 
 
 def test_19_the_grief_preconditioner_cuts_conjugate_gradient_iterations():
@@ -299,10 +324,10 @@ def test_18_algorithm1_and_the_features_never_allocate_anything_of_size_m():
     # mbar p (Algorithm 1's candidates), n p (Phi), d mbar p (the one-hot selection of R's columns); m = 10^6
     assert probe.numel <= max(10 * 50, 20 * 50, 6 * 10 * 50)
     assert Phi.shape == (20, 50) and idxs.shape == (50, 6)
-    lams = [factor_eigh(K)[0] for K in grid_factors(grid_points(X, 10), torch.ones(6, dtype=F64),
-                                                     torch.tensor(1.0, dtype=F64))]
+    grid, sizes = pad_grids(grid_points(X, 10))
+    lam, _ = factor_eigh(grid_factors(grid, sizes, torch.ones(6, dtype=F64), torch.tensor(1.0, dtype=F64)), sizes)
     with LargestTensor() as probe:  # d = 30: m = 10^30, the cost of Algorithm 1 stays O(d mbar p)
-        _, idxs = top_eigenvalues(lams * 5, 50)
+        _, idxs = top_eigenvalues(lam.repeat(5, 1), sizes * 5, 50)
     assert probe.numel <= max(10 * 50, 50 * 30) and idxs.shape == (50, 30)  # mbar p candidates, the p x d idxs
 
 
@@ -502,7 +527,9 @@ def test_14_type2_evidence_equals_the_dense_evidence_of_the_nystrom_kernel():
         Phi = full.phi(X)
         U = torch.cartesian_prod(*full.grids())
         Kxu = se_ard(X, U, (0.7, 0.45), 1.3)
-        sor = Kxu @ torch.linalg.solve(kron(grid_factors(full.grids(), *full.hyperparameters())), Kxu.T)
+        grid, sizes = full.padded_grid()
+        K = grid_factors(grid, sizes, *full.hyperparameters())
+        sor = Kxu @ torch.linalg.solve(kron([K[i, :m, :m] for i, m in enumerate(sizes)]), Kxu.T)
         # K_UU has condition number ~1e9 here: the dense solve, not the features, limits the agreement
         torch.testing.assert_close(Phi @ Phi.T, sor, rtol=0, atol=1e-7)
 

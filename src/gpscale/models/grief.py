@@ -32,7 +32,15 @@ import torch
 from torch import Tensor
 
 from ..kernels import RBF, Kernel
-from ..kernels.grid import cross_factors, factor_eigh, grid_factors, grid_points, grief_features, top_eigenvalues
+from ..kernels.grid import (
+    cross_factors,
+    factor_eigh,
+    grid_factors,
+    grid_points,
+    grief_features,
+    pad_grids,
+    top_eigenvalues,
+)
 from ..linalg import CORE, cholesky, gram
 from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
@@ -51,7 +59,7 @@ def paper_n_eigen(n: int) -> int:
 class GridSpectrum:
     """The top-p eigenpairs of K_UU at one set of hyperparameters, as Algorithm 1 gives them."""
 
-    Q: list[Tensor]  # d eigenvector matrices Q^(i) [mbar_i, mbar_i]
+    Q: Tensor  # [d, M, M]: the eigenvector matrices Q^(i) [mbar_i, mbar_i], zero-padded to the grid's width M
     idxs: Tensor  # [p, d] Kronecker indices of the selected eigenpairs
     logl: Tensor  # [p] their log-eigenvalues, descending (differentiable)
 
@@ -130,12 +138,10 @@ class GRIEF(FeatureSpaceGP):
         """Build the grid from the training inputs X [n, d] (never from test inputs, which would move the features
         of the trained model), resolve p and, if ``init_exact_points``, initialise the hyperparameters from an exact
         GP on a random subset (:func:`~gpscale.models.grief_init.initialise_from_exact_gp`)."""
-        xg = grid_points(X.detach(), self.grid_size)
+        grid, sizes = pad_grids(grid_points(X.detach(), self.grid_size), self.grid_size)
         with torch.no_grad():
-            self.grid.zero_()
-            for i, x in enumerate(xg):
-                self.grid[i, : x.shape[0]] = x.to(self.grid.dtype)
-                self.grid_sizes[i] = x.shape[0]
+            self.grid.copy_(grid)
+            self.grid_sizes.copy_(torch.tensor(sizes))
             self.n_eigen_.fill_(self.n_eigen if self.n_eigen is not None else paper_n_eigen(X.shape[0]))
         self._layout = self._read_layout()
         if self.init_exact_points > 0:
@@ -159,13 +165,19 @@ class GRIEF(FeatureSpaceGP):
         self._layout = self._read_layout()
 
     # --- the features -------------------------------------------------------------------------------------
-    def grids(self) -> list[Tensor]:
-        """The d 1-D grids xg[i] [mbar_i] (float64)."""
+    def padded_grid(self) -> tuple[Tensor, tuple[int, ...]]:
+        """The d 1-D grids padded into one [d, grid_size] tensor (float64; row i holds xg[i] in its first mbar_i
+        entries) and the sizes mbar_i."""
         sizes, _ = self._layout
         if not all(size > 0 for size in sizes):
             raise RuntimeError("The grief model has no grid yet: train it with gpscale.train.fit, or call "
                                "init(X, y) with the training data first.")
-        return [row[:size].to(CORE) for row, size in zip(self.grid, sizes)]
+        return self.grid.to(CORE), sizes
+
+    def grids(self) -> list[Tensor]:
+        """The d 1-D grids xg[i] [mbar_i] (float64)."""
+        grid, sizes = self.padded_grid()
+        return [row[:size] for row, size in zip(grid, sizes)]
 
     def hyperparameters(self) -> tuple[Tensor, Tensor]:
         """Lengthscales [d] or [1] and s_f^2 [] (float64, differentiable)."""
@@ -174,9 +186,11 @@ class GRIEF(FeatureSpaceGP):
     def spectrum(self) -> GridSpectrum:
         """Eigendecompose the d grid factors and select the top p eigenpairs, differentiably."""
         lengthscale, outputscale = self.hyperparameters()
-        eigen = [factor_eigh(K) for K in grid_factors(self.grids(), lengthscale, outputscale, self.jitter)]
-        logl, idxs = top_eigenvalues([lam for lam, _ in eigen], self._layout[1])
-        return GridSpectrum(Q=[Q for _, Q in eigen], idxs=idxs, logl=logl)
+        grid, sizes = self.padded_grid()
+        K = grid_factors(grid, sizes, lengthscale, outputscale, self.jitter)
+        lam, Q = factor_eigh(K, sizes)
+        logl, idxs = top_eigenvalues(lam, sizes, self._layout[1])
+        return GridSpectrum(Q=Q, idxs=idxs, logl=logl)
 
     def feature_state(self) -> dict[str, Tensor]:
         """The top-p eigenpairs at the current hyperparameters as the cache holds them: the d factors Q^(i)
@@ -184,20 +198,16 @@ class GRIEF(FeatureSpaceGP):
         Kronecker indices [p, d] and their log-eigenvalues [p]; differentiable. The posterior is tied to these
         eigenvectors, signs included."""
         spectrum = self.spectrum()
-        Q = torch.zeros(self.n_features, self.grid_size, self.grid_size, dtype=CORE, device=spectrum.logl.device)
-        for i, Qi in enumerate(spectrum.Q):
-            Q[i, : Qi.shape[0], : Qi.shape[1]] = Qi
-        return {"Q": Q, "idxs": spectrum.idxs, "logl": spectrum.logl}
+        return {"Q": spectrum.Q, "idxs": spectrum.idxs, "logl": spectrum.logl}
 
     def feature_map(self, state: dict[str, Tensor]) -> Features:
         """``x -> phi(x)``: X [c, d] -> Phi [c, p] (float64) for the eigenpairs of ``state`` (steps 4-5)."""
-        xg = self.grids()
+        grid, sizes = self.padded_grid()
         lengthscale, outputscale = self.hyperparameters()
-        Q = [Qi[:size, :size] for Qi, size in zip(state["Q"], self._layout[0])]
 
         def phi(X: Tensor) -> Tensor:
-            Kxu = cross_factors(X.to(CORE), xg, lengthscale, outputscale)
-            return grief_features(Kxu, Q, state["idxs"], state["logl"])
+            Kxu = cross_factors(X.to(CORE), grid, sizes, lengthscale, outputscale)
+            return grief_features(Kxu, state["Q"], state["idxs"], state["logl"])
 
         return Features(phi)
 

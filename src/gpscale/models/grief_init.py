@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+
 import torch
 from torch import Tensor
 

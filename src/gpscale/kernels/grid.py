@@ -12,6 +12,10 @@ Algorithm 1 in O(d mbar p) memory, and the feature matrix ``Phi = K_XU Q S_p^T L
 ``Phi Phi^T`` the rank-p Nyström approximation of K_XX, from Theorem 2 as a Hadamard product of d matrices [n, p].
 Nothing of size m is ever formed: eigenvalues are handled as logs and Phi in the log domain with signs.
 
+The d one-dimensional quantities are held as padded batches, one tensor each: the grids [d, M] (:func:`pad_grids`,
+M the largest mbar_i), the factors and their eigenvectors [d, M, M], the cross factors [d, n, M], with zeros past
+each dimension's mbar_i, so that every step is one batched operation instead of one per dimension.
+
 Kronecker order is C (row-major): grid point (g_1, ..., g_d) has flat index ``sum_i g_i prod_{j>i} mbar_j``, so the
 first dimension is the most significant. Everything here is float64 (the callers cast): the log-domain sums of d
 terms would lose digits in float32.
@@ -265,7 +269,8 @@ def interpolated_kernel(E: list[Tensor], K: list[Tensor], rows: slice = slice(No
 
     Args:
         E: d interpolation factors E^(i) [n, mbar_i].
-        K: d Kronecker factors K^(i) [mbar_i, mbar_i] of K_UU (e.g. :func:`grid_factors`).
+        K: d Kronecker factors K^(i) [mbar_i, mbar_i] of K_UU (e.g. the blocks ``K[i, :mbar_i, :mbar_i]`` of
+            :func:`grid_factors`).
         rows: the rows of the result to form.
     """
     out = None

@@ -96,11 +96,13 @@ def grid_factors(grid: Tensor, sizes: tuple[int, ...], lengthscale: Tensor, outp
         jitter: added to each factor, as the official code's ``dim_noise_var`` (so K_UU gets
             ``(K^(1) + eps I) ⊗ (K^(2) + eps I) ⊗ ...``, not ``+ eps I``).
 
-    K^(i) fills the top-left mbar_i x mbar_i block of entry i. The rest is ``-c_i I`` with c_i the factor's diagonal
-    (s_f^2 or 1), uncoupled from the block: its eigenvalues are the block's (all above -c_i, whose own largest
-    eigenvalue is at least c_i) and mbar - mbar_i copies of -c_i, which an ascending eigendecomposition lists first
-    (see :func:`factor_eigh`), and the magnitude of the largest eigenvalue is the block's own. All d factors are then
-    one batched operation each, where a list took a dozen small operations per dimension forward and back.
+    K^(i) fills the top-left mbar_i x mbar_i block of entry i. The rest is ``-c_i I`` with c_i the block's diagonal
+    (s_f^2 or 1), uncoupled from it, so that entry i's eigenvalues are the block's and M - mbar_i copies of -c_i.
+    The block's are all above -c_i (it is positive definite but for round-off), so an ascending eigendecomposition
+    lists the padding's first (see :func:`factor_eigh`); and the block's largest is at least its diagonal c_i, so
+    the largest magnitude, from which the eigh backward's degeneracy threshold is taken, is the block's own. All d
+    factors are then one batched operation each, where a list took a dozen small operations per dimension forward
+    and back.
     """
     d, width = grid.shape
     scale = _factor_scales(outputscale, d).unsqueeze(-1).unsqueeze(-1)  # [d, 1, 1]

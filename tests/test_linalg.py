@@ -4,7 +4,7 @@ import torch
 from gpscale import linalg
 from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_inverse, gram,
                             inverse_cholesky, lower_inverse, lower_transpose_product, qr_lstsq, qr_r, solve_lower,
-                            squared_norms, tril_matmul, tril_outer, weighted_sum, whiten)
+                            squared_norms, transposed_times, tril_matmul, tril_outer, weighted_sum, whiten)
 
 
 def spd(n, seed=0):
@@ -82,6 +82,21 @@ def test_gaussian_log_likelihood_value_and_closed_form_gradient():
                                MultivariateNormal(torch.zeros(6, dtype=torch.float64), K).log_prob(y))
     # symmetric perturbations only: K lives on the symmetric matrices
     assert torch.autograd.gradcheck(lambda A, b: gaussian_log_likelihood((A + A.T) / 2, b), (K, y))
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_transposed_times_is_a_transpose_times_b_and_differentiable(shape, dtype):
+    g = torch.Generator().manual_seed(5)
+    A = torch.randn(*shape, 40, 7, generator=g, dtype=dtype, requires_grad=True)
+    B = torch.randn(*shape, 40, 3, generator=g, dtype=dtype, requires_grad=True)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-13, atol=1e-13)
+    ours, theirs = transposed_times(A, B), A.transpose(-2, -1) @ B
+    assert ours.shape == (*shape, 7, 3)
+    torch.testing.assert_close(ours, theirs, **tol)
+    G = torch.randn(*shape, 7, 3, generator=g, dtype=dtype)
+    for got, want in zip(torch.autograd.grad(ours, [A, B], G), torch.autograd.grad(theirs, [A, B], G)):
+        torch.testing.assert_close(got, want, **tol)
 
 
 def test_gram_equals_the_product_and_its_gradient_is_autograds():

@@ -38,6 +38,7 @@ __all__ = [
     "inverse_cholesky",
     "lower_inverse",
     "gaussian_log_likelihood",
+    "transposed_times",
     "gram",
     "qr_r",
     "qr_lstsq",
@@ -400,6 +401,14 @@ class _Gram(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (M,) = ctx.saved_tensors
         return M @ (grad + grad.T)
+
+
+def transposed_times(A: Tensor, B: Tensor) -> Tensor:
+    """``A^T B`` [..., p, k] for A [..., n, p] and a narrower B [..., n, k], taken as ``(B^T A)^T`` (a transposed
+    view): MKL multiplies a transposed wide operand into few columns at down to a fifth of the rate of the same
+    product with that operand on the right, on two cores (float64 [8,192, 256] by [8,192, 4]: 3.8 against 0.78 ms;
+    float32 [1,024, 512] by [1,024, 11]: 0.92 against 0.18 ms)."""
+    return (B.transpose(-2, -1) @ A).transpose(-2, -1)
 
 
 def gram(M: Tensor) -> Tensor:

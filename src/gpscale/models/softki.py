@@ -36,7 +36,7 @@ from torch.autograd.function import once_differentiable
 
 from ..distributed import LOCAL, Comm
 from ..kernels import inverse_softplus
-from ..linalg import CORE, cholesky, solve
+from ..linalg import CORE, cholesky, solve, transposed_times
 from ..options import check_options
 from ._linear import Features, FeatureSpaceGP
 from .base import register
@@ -75,7 +75,7 @@ class _SoftmaxWeights(torch.autograd.Function):
         ds = (torch.linalg.vecdot(dW, W).unsqueeze(-1) - dW).mul_(W)  # dD
         ds.div_(D).masked_fill_(D <= 1.0001 * math.sqrt(MIN_SQ_DIST), 0.0)  # 2 ds; none through the clamp
         dX = ds.sum(-1, keepdim=True) * X - ds @ Z if ctx.needs_input_grad[0] else None
-        dZ = ds.sum(0).unsqueeze(-1) * Z - ds.T @ X if ctx.needs_input_grad[1] else None
+        dZ = ds.sum(0).unsqueeze(-1) * Z - transposed_times(ds, X) if ctx.needs_input_grad[1] else None
         return dX, dZ
 
 
@@ -114,7 +114,7 @@ def batch_covariance_solve(W: Tensor, Kzz: Tensor, noise: Tensor, R: Tensor) -> 
         return solve(Sigma, R)
     M = (Kzz @ (W.T @ W)).to(CORE).mT  # (K_zz G)^T = G K_zz, read column-major as LAPACK factors it
     M.diagonal().add_(noise.to(CORE))
-    x = solve(M, (W.T @ R).to(CORE)).to(W.dtype)
+    x = solve(M, transposed_times(W, R).to(CORE)).to(W.dtype)
     return (R - W @ (Kzz @ x)) / noise
 
 
@@ -146,7 +146,7 @@ def hutchinson_pseudo_log_likelihood(W: Tensor, Kzz: Tensor, noise: Tensor, y: T
         solves = batch_covariance_solve(W, Kzz, noise, torch.cat([y.unsqueeze(-1), probes], dim=1))  # [B, L + 1]
     # column 0 pairs b_0 with b_0, column j pairs b_j with a_j
     partners = torch.cat([solves[:, :1], probes], dim=1)  # [B, L + 1]
-    projected = W.T @ torch.cat([solves, partners], dim=1)  # one pass over W for both: [m, 2 (L + 1)]
+    projected = transposed_times(W, torch.cat([solves, partners], dim=1))  # one pass over W for both: [m, 2 (L + 1)]
     forms = (projected[:, : L + 1] * (Kzz @ projected[:, L + 1:])).sum(0) + noise * (solves * partners).sum(0)
     return 0.5 * forms[0] - forms[1:].sum() / (2 * L)
 

@@ -790,15 +790,45 @@ def test_the_exact_gp_initialisation_stays_in_its_box_on_categorical_inputs():
     model.init(X, y)
     raw = torch.cat([model.kernel.raw_lengthscale, model.kernel.raw_outputscale.reshape(1)])
     span = torch.tensor([5.0, 5.0, 3.0, 1.0, 2.0, 1.0], dtype=F64)  # a constant column counts as 1
-    gap = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0], dtype=F64)  # the levels' spacing; one grid point: no gap
     ls = model.kernel.lengthscale
     assert torch.isfinite(raw).all()
-    # no shorter than a quarter of the grid's spacing, below which rows between grid points have no features
-    lower = torch.maximum(span * grief_init.INIT_RANGE**-1, grief_init.MIN_GRID_FRACTION * gap)
-    assert (ls >= lower * (1 - 1e-9)).all() and (ls <= span * 1e4 * (1 + 1e-9)).all()
+    assert (ls >= span * 1e-4 * (1 - 1e-9)).all() and (ls <= span * 1e4 * (1 + 1e-9)).all()
     assert ls[:2].max() < 0.5 < ls[2:5].min()  # the two inputs that matter are short, the others long
     with torch.no_grad():
         assert math.isfinite(model.loss(X, y, 300).item())
+
+
+@pytest.mark.parametrize("ard", [True, False])
+def test_the_exact_gp_box_keeps_lengthscales_a_quarter_of_the_grid_spacing_where_rows_lie_between_its_points(ard):
+    # input 0 continuous (a grid of 10 points across its range, rows between them), input 1 binary (its grid is its
+    # two values, every row on it): only input 0's lengthscale is held at a quarter of its grid's spacing
+    g = torch.Generator().manual_seed(7)
+    X = torch.stack([torch.rand(200, generator=g, dtype=F64) * 9.0, (torch.rand(200, generator=g) < 0.1).to(F64)], 1)
+    y = torch.sin(X[:, 0]) + 0.1 * torch.randn(200, generator=g, dtype=F64)
+    grids = grid_points(X, 10)
+    exact = ExactGP(2, ard=ard).double()
+    _, bounds = grief_init._exact_gp_box(exact, X, y, grids)
+    lower = torch.nn.functional.softplus(torch.tensor([b[0] for b in bounds[: 2 if ard else 1]], dtype=F64))
+    span = X.max(0).values - X.min(0).values
+    gap = grids[0].diff().min()
+    expected = [0.25 * gap, span[1] * 1e-4] if ard else [torch.maximum(span.max() * 1e-4, 0.25 * gap)]
+    torch.testing.assert_close(lower, torch.stack(expected), rtol=1e-9, atol=0)
+
+
+def test_the_exact_gp_box_never_puts_a_lower_end_above_the_upper_one():
+    # the grid comes from every row, the span from the exact GP's rows: a near-constant input whose few outliers
+    # are not among them has a grid gap far above its span there (scipy refused the box: lower > upper)
+    g = torch.Generator().manual_seed(1)
+    X = torch.stack([torch.randn(1000, generator=g, dtype=F64), 1e-7 * torch.rand(1000, generator=g, dtype=F64)], 1)
+    rows = torch.randperm(1000, generator=torch.Generator().manual_seed(0))[:500]
+    outside = torch.tensor(sorted(set(range(1000)) - set(rows.tolist()))[:5])
+    X[outside, 1] = 1.0
+    y = torch.sin(X[:, 0]) + 0.1 * torch.randn(1000, generator=g, dtype=F64)
+    _, bounds = grief_init._exact_gp_box(ExactGP(2).double(), X[rows], y[rows], grid_points(X, 10))
+    assert all(lower <= upper for lower, upper in bounds)
+    model = GRIEF(2, n_eigen=10, init_stretch=(1,)).double()
+    model.init(X, y)  # raised scipy's "An upper bound is less than the corresponding lower bound"
+    assert torch.isfinite(model.kernel.lengthscale).all()
 
 
 def test_an_exact_gp_that_explains_nothing_restarts_from_lengthscales_spread_to_the_data():

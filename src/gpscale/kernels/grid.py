@@ -196,9 +196,10 @@ def top_eigenvalues(lams: Tensor, sizes: tuple[int, ...], p: int) -> tuple[Tenso
     the C order of ``logl ⊗ lam^(i)``), of which the top p are kept: a prefix outside the top p is beaten by p
     prefixes times the same suffix, so no eigenvalue of the top p is lost. Time O(d mbar p log(mbar p)), memory
     O(mbar p), whatever m. The padding's log-eigenvalues are -inf, so its candidates sort last and are never kept.
-    The sort is stable, so ties go to the lower flat index and the top-p set is reproducible: isotropic kernels on
-    identical grids give exactly equal products, and a tie that straddles position p would otherwise be broken
-    arbitrarily.
+    The sort is stable, so exact ties go to the lower flat index and the top-p set is reproducible: isotropic kernels
+    on identical grids give equal products, and a tie that straddles position p would otherwise be broken
+    arbitrarily. (Identical factors decomposed in one batch by :func:`factor_eigh` can differ in the last bit, as
+    MKL's batched eigh gives for odd sizes; their ties are then broken by that round-off, the same in every run.)
     """
     width = lams.shape[-1]
     real = real_points(sizes, width, lams.device)

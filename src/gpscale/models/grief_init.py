@@ -224,21 +224,32 @@ def _spread_lengthscale(X: Tensor, ard: bool) -> Tensor:
     return std if ard else std.mean().reshape(1)
 
 
+def _off_grid_gap(column: Tensor, grid: Tensor) -> Tensor:
+    """The smallest gap between the points of an input's grid [mbar_i] if some value of the input's ``column`` lies
+    between them, else 0: a grid of an input's own distinct values (a categorical or binary input) holds every row,
+    whose features are then exact at any lengthscale."""
+    if grid.numel() < 2 or torch.isin(column, grid.to(column)).all():
+        return column.new_zeros(())
+    return grid.diff().min()
+
+
 def _exact_gp_box(exact: ExactGP, X: Tensor, y: Tensor,
                   grids: list[Tensor]) -> tuple[list[Tensor], list[tuple[float, float]]]:
     """The raw parameters of ``exact`` and L-BFGS-B's box for them: each lengthscale within a factor ``INIT_RANGE``
-    of its input's range (1 for a constant input; the largest range without ARD) and at least ``MIN_GRID_FRACTION``
-    of the smallest gap of its input's grid in ``grids`` (the largest such gap without ARD), s_f^2 of mean(y^2),
+    of its input's range (1 for a constant input; the largest range without ARD) and, where some of X's rows lie
+    between its input's grid points in ``grids``, at least ``MIN_GRID_FRACTION`` of the grid's smallest gap (the
+    largest such gap without ARD), s_f^2 of mean(y^2),
     sigma^2 in :func:`noise_range`. Without the box the line search steps where a lengthscale underflows to 0
     (solar fold 0: raw -887, then NaN features and a failed Cholesky) or sigma^2 collapses onto its floor (cancer:
     raw -225); with it every raw value lies where softplus has a usable gradient for the Adam steps of
     GP-GRIEF-II."""
     span = X.max(0).values - X.min(0).values
     span = torch.where(span > 0, span, torch.ones_like(span))
-    gap = torch.stack([grid.diff().min() if grid.numel() > 1 else grid.new_zeros(()) for grid in grids]).to(span)
+    gap = torch.stack([_off_grid_gap(column, grid) for column, grid in zip(X.T, grids)]).to(span)
     if not exact.kernel.ard:
         span, gap = span.max().reshape(1), gap.max().reshape(1)
-    lower = torch.maximum(span / INIT_RANGE, MIN_GRID_FRACTION * gap)
+    # at most the upper end: the grid comes from every training row, the span from these rows only
+    lower = torch.minimum(torch.maximum(span / INIT_RANGE, MIN_GRID_FRACTION * gap), span * INIT_RANGE)
     scale = (y**2).mean().item()
     box = [(exact.kernel.raw_lengthscale, lower, span * INIT_RANGE, 0.0),
            (exact.kernel.raw_outputscale, scale / INIT_RANGE, scale * INIT_RANGE, 0.0)]

@@ -39,15 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpscale.kernels.grid import (
-    cross_factors,
-    factor_eigh,
-    grid_factors,
-    grid_points,
-    grief_features,
-    pad_grids,
-    top_eigenvalues,
-)
+from gpscale.kernels import grid as grids
 
 from . import plotting
 
@@ -81,11 +73,11 @@ def grief_factor(X_train: Tensor, X_all: Tensor, p: int, grid_size: int, lengths
     """GRIEF features Phi [n_all, p'] (p' = min(p, m)), columns ordered by eigenvalue, so that the first k columns
     are the features of p = k: a grid of ``grid_size`` points per dimension spanning X_train [n, d], the top p
     eigenpairs of K_UU by Algorithm 1 and Phi by Theorem 2, never forming anything of size m."""
-    grid, sizes = pad_grids(grid_points(X_train, grid_size))
+    grid, sizes = grids.pad_grids(grids.grid_points(X_train, grid_size))
     ls, scale = torch.tensor([lengthscale], dtype=DTYPE), torch.tensor(1.0, dtype=DTYPE)
-    lam, Q = factor_eigh(grid_factors(grid, sizes, ls, scale), sizes)
-    logl, idxs = top_eigenvalues(lam, sizes, p)
-    return grief_features(cross_factors(X_all, grid, sizes, ls, scale), Q, idxs, logl)
+    lam, Q = grids.factor_eigh(grids.grid_factors(grid, sizes, ls, scale), sizes)
+    logl, idxs = grids.top_eigenvalues(lam, sizes, p)
+    return grids.grief_features(grids.cross_factors(X_all, grid, sizes, ls, scale), Q, idxs, logl)
 
 
 def rff_factor(X_all: Tensor, p: int, lengthscale: float, generator: torch.Generator) -> Tensor:

@@ -5,8 +5,8 @@ multi-start type-II fit on the GRIEF evidence.
 Three departures from the paper, each measured on its Table 1 sets (the numbers are in the comments below):
 
 - the box keeps every positive hyperparameter within a factor 10^4 of its data scale, so the line search cannot
-  step where a lengthscale underflows or sigma^2 collapses onto its floor, and every lengthscale at least a quarter
-  of its input's grid spacing, the shortest the grid's features can represent;
+  step where a lengthscale underflows or sigma^2 collapses onto its floor, and the lengthscale of every input with
+  rows between its grid points at least a quarter of the grid's spacing, the shortest its features can represent;
 - a fit that explains nothing (lengthscales far below the spacing of the rows) restarts from lengthscales spread to
   the data;
 - by default sigma^2 is the maximiser of the GRIEF evidence itself at the exact GP's theta (``init_noise="grief"``),
@@ -43,7 +43,8 @@ INIT_STRETCH = (1.0, 2.0, 4.0, 8.0, 16.0)  # stretched_starts: the exact GP's le
 # below it lie the interpolating GPs that near-noiseless small sets (slump, wine) pull the evidence toward. It also
 # keeps the raw (softplus) noise above about -9.2, where Adam moves it in tens of steps.
 INIT_RANGE = 1e4
-# ... and every lengthscale at least this fraction of the smallest gap between its input's grid points. A point
+# ... and the lengthscale of every input with rows between its grid points at least this fraction of the smallest
+# gap between them (an input whose grid is its own distinct values has no such rows, and no such bound). A point
 # halfway between two grid points, h apart, has k(x, xg) of at most exp(-(h/2)^2 / (2 l^2)): exp(-2) = 0.14 at
 # l = h/4, 3e-4 at l = h/8, so that below a quarter of the spacing the off-grid rows have next to no features. The
 # exact GP knows no grid: on energy (split 0, the estimator's defaults) it drove the lengthscales of two inputs with
@@ -238,11 +239,10 @@ def _exact_gp_box(exact: ExactGP, X: Tensor, y: Tensor,
     """The raw parameters of ``exact`` and L-BFGS-B's box for them: each lengthscale within a factor ``INIT_RANGE``
     of its input's range (1 for a constant input; the largest range without ARD) and, where some of X's rows lie
     between its input's grid points in ``grids``, at least ``MIN_GRID_FRACTION`` of the grid's smallest gap (the
-    largest such gap without ARD), s_f^2 of mean(y^2),
-    sigma^2 in :func:`noise_range`. Without the box the line search steps where a lengthscale underflows to 0
-    (solar fold 0: raw -887, then NaN features and a failed Cholesky) or sigma^2 collapses onto its floor (cancer:
-    raw -225); with it every raw value lies where softplus has a usable gradient for the Adam steps of
-    GP-GRIEF-II."""
+    largest such gap without ARD; never above the upper end), s_f^2 of mean(y^2), sigma^2 in :func:`noise_range`.
+    Without the box the line search steps where a lengthscale underflows to 0 (solar fold 0: raw -887, then NaN
+    features and a failed Cholesky) or sigma^2 collapses onto its floor (cancer: raw -225); with it every raw value
+    lies where softplus has a usable gradient for the Adam steps of GP-GRIEF-II."""
     span = X.max(0).values - X.min(0).values
     span = torch.where(span > 0, span, torch.ones_like(span))
     gap = torch.stack([_off_grid_gap(column, grid) for column, grid in zip(X.T, grids)]).to(span)

@@ -1,9 +1,11 @@
 import math
 import warnings
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
 import torch
+from threadpoolctl import ThreadpoolController
 
 from conftest import toy_regression
 from gpscale import lbfgs
@@ -200,6 +202,28 @@ def test_lbfgs_backtracks_from_points_it_cannot_evaluate_and_keeps_the_best():
     x.data.fill_(-3.0)
     result = lbfgs.minimise(never, [x], bounds=[(-10.0, 10.0)], max_iterations=100)
     assert not result.evaluated and x.item() == -3.0
+
+
+def test_lbfgs_runs_scipys_blas_on_one_thread_and_leaves_torchs_threads():
+    # OpenBLAS threads woken by L-BFGS-B's own BLAS calls busy-wait and take the cores from torch's threads, which
+    # evaluate the loss (SGPR's fit on two cores 5x slower with them)
+    openblas = ThreadpoolController().select(internal_api="openblas")  # numpy's and scipy's, not a torch wheel's
+    openblas = openblas.select(filepath=[lib.filepath for lib in openblas.lib_controllers
+                                         if not {"torch", "torch.libs"} & set(Path(lib.filepath).parts)])
+    if not openblas.lib_controllers:
+        pytest.skip("numpy and scipy use no OpenBLAS here")
+    x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    seen = []
+
+    def loss():
+        seen.append(({lib.filepath: lib.num_threads for lib in openblas.lib_controllers}, torch.get_num_threads()))
+        return (x - 1).pow(2).sum()
+
+    with openblas.limit(limits=2):
+        torch_threads = torch.get_num_threads()
+        lbfgs.minimise(loss, [x])
+        assert all(lib.num_threads == 2 for lib in openblas.lib_controllers)  # restored afterwards
+    assert seen and all(set(threads.values()) == {1} and mine == torch_threads for threads, mine in seen)
 
 
 def test_lbfgs_that_can_evaluate_nothing_restarts_then_gives_up():

@@ -104,6 +104,23 @@ def test_the_closed_form_backward_equals_autograd_of_the_formula(points, name):
         torch.autograd.gradcheck(lambda x: k(x, points[0][:4].clone()), (X,))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
+def test_a_gram_matrix_of_points_with_themselves_has_s2_on_its_diagonal_exactly(name, dtype):
+    # the expanded |a|^2 - 2 a.b + |b|^2 leaves about eps |a|^2 at a = b, whose root (Matern's distance) moved
+    # k(a, a) by 1e-7 relative in float64 on some CPUs; k(x, x) = s^2 is what diag() and the posterior assume
+    X = 3 * torch.randn(200, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    k = with_params(make_kernel(name, 3), LS, 2.5).to(dtype)
+    s2 = k.outputscale.detach().expand(200)
+    batch = X.view(4, 50, 3)
+    assert torch.equal(k(X, X).diagonal(), s2)
+    assert torch.equal(k(batch, batch).diagonal(dim1=-2, dim2=-1), s2.view(4, 50))
+    assert torch.equal(k.scaled_sq_dist(X, X).diagonal(), torch.zeros(200, dtype=dtype))
+    pick = torch.zeros(5, 5, dtype=dtype)
+    pick[2, 2] = 1.0  # each set's value is then k(a_2, a_2) alone
+    assert torch.equal(k.weighted_self_grams(X.view(40, 5, 3), pick), s2[:40])
+
+
 @pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
 def test_weighted_self_grams_equal_one_gram_matrix_per_set_in_value_and_gradient(name):
     """Stationary.weighted_self_grams (the conv kernel's diagonal: sum_pq W_pq k(a_p, a_q) per set, in one batched

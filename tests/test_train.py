@@ -206,7 +206,7 @@ def test_lbfgs_backtracks_from_points_it_cannot_evaluate_and_keeps_the_best():
 
 def test_lbfgs_runs_scipys_blas_on_one_thread_and_leaves_torchs_threads():
     # OpenBLAS threads woken by L-BFGS-B's own BLAS calls busy-wait and take the cores from torch's threads, which
-    # evaluate the loss (SGPR's fit on two cores 5x slower with them)
+    # evaluate the loss (SGPR's fit on two cores 3x slower with them)
     openblas = ThreadpoolController().select(internal_api="openblas")  # numpy's and scipy's, not a torch wheel's
     openblas = openblas.select(filepath=[lib.filepath for lib in openblas.lib_controllers
                                          if not {"torch", "torch.libs"} & set(Path(lib.filepath).parts)])

@@ -117,9 +117,9 @@ def _scipy_blas_on_one_thread() -> Iterator[None]:
 
     L-BFGS-B calls scipy's BLAS between two evaluations of the loss. OpenBLAS's threads, woken by such a call,
     busy-wait for more work afterwards and take the cores from torch's threads, which evaluate the loss: on two
-    cores, SGPR's fit on 692 rows (m = 256, 95 evaluations) took 7.5 s with them and 1.3 s without, every
-    operator of the evaluation some ten times slower. L-BFGS-B's vectors have one entry per parameter, work for
-    one thread. Libraries inside torch's package (its own BLAS where a wheel bundles OpenBLAS) are left alone.
+    cores, SGPR's fit on 692 rows (m = 256, 95 evaluations) took 5.2 s with them and 1.6 s without, each
+    evaluation some six times slower than alone. L-BFGS-B's vectors have one entry per parameter, work for one
+    thread. Libraries inside torch's package (its own BLAS where a wheel bundles OpenBLAS) are left alone.
     """
     torch_dir = Path(torch.__file__).resolve().parent
     torch_dirs = (torch_dir, torch_dir.with_name("torch.libs"))

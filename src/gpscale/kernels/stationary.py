@@ -147,7 +147,7 @@ def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0) -> Tensor:
     place, so that a kernel's scale of the distance costs no pass of its own. Clamped at 0 against round-off, which
     can leave a squared distance below 0 (so that the kernel's value there is its value at distance 0). Where B is A
     (points against themselves) the diagonal is 0 exactly: the expanded form leaves about eps |a|^2 there, whose
-    root (Matérn's distance) is some 1e-8 |a|, so that k(a, a) missed s^2 by 1e-7 relative in float64."""
+    root (Matérn's distance) is some 1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative in float64."""
     product = torch.addmm if A.dim() == 2 else torch.baddbmm
     sq = product((A * A).sum(-1, keepdim=True).mul_(scale), A, B.transpose(-2, -1), alpha=-2.0 * scale)
     sq.add_((B * B).sum(-1).unsqueeze(-2), alpha=scale)

@@ -1,8 +1,8 @@
 import math
 import warnings
-from pathlib import Path
 from unittest.mock import patch
 
+import numpy as np
 import pytest
 import torch
 from threadpoolctl import ThreadpoolController
@@ -204,26 +204,50 @@ def test_lbfgs_backtracks_from_points_it_cannot_evaluate_and_keeps_the_best():
     assert not result.evaluated and x.item() == -3.0
 
 
-def test_lbfgs_runs_scipys_blas_on_one_thread_and_leaves_torchs_threads():
-    # OpenBLAS threads woken by L-BFGS-B's own BLAS calls busy-wait and take the cores from torch's threads, which
-    # evaluate the loss (SGPR's fit on two cores 3x slower with them)
-    openblas = ThreadpoolController().select(internal_api="openblas")  # numpy's and scipy's, not a torch wheel's
-    openblas = openblas.select(filepath=[lib.filepath for lib in openblas.lib_controllers
-                                         if not {"torch", "torch.libs"} & set(Path(lib.filepath).parts)])
+def _scipys_openblas():
+    """numpy's and scipy's OpenBLAS (threaded by pthreads), failing where numpy says it has one and none is seen."""
+    openblas = ThreadpoolController().select(internal_api="openblas").select(threading_layer="pthreads")
     if not openblas.lib_controllers:
-        pytest.skip("numpy and scipy use no OpenBLAS here")
-    x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]
+        assert "openblas" not in blas.lower(), f"numpy uses {blas}, which threadpoolctl does not see"
+        pytest.skip(f"numpy uses {blas}, not OpenBLAS")
+    return openblas
+
+
+def _threads_seen_by_the_loss(openblas, x, raise_at=None):
     seen = []
 
     def loss():
-        seen.append(({lib.filepath: lib.num_threads for lib in openblas.lib_controllers}, torch.get_num_threads()))
+        seen.append(({lib.num_threads for lib in openblas.lib_controllers}, torch.get_num_threads()))
+        if raise_at is not None and len(seen) == raise_at:
+            raise KeyboardInterrupt
         return (x - 1).pow(2).sum()
 
+    lbfgs.minimise(loss, [x])
+    return seen
+
+
+def test_lbfgs_runs_scipys_blas_on_one_thread_and_leaves_torchs_threads():
+    # OpenBLAS threads woken by L-BFGS-B's own BLAS calls busy-wait and take the cores from torch's threads, which
+    # evaluate the loss (SGPR's fit on two cores 3x slower with them)
+    openblas = _scipys_openblas()
+    x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
     with openblas.limit(limits=2):
         torch_threads = torch.get_num_threads()
-        lbfgs.minimise(loss, [x])
+        seen = _threads_seen_by_the_loss(openblas, x)
+        assert seen and all(threads == {1} and mine == torch_threads for threads, mine in seen)
         assert all(lib.num_threads == 2 for lib in openblas.lib_controllers)  # restored afterwards
-    assert seen and all(set(threads.values()) == {1} and mine == torch_threads for threads, mine in seen)
+        with pytest.raises(KeyboardInterrupt):  # and after an interruption
+            _threads_seen_by_the_loss(openblas, x, raise_at=1)
+        assert all(lib.num_threads == 2 for lib in openblas.lib_controllers)
+
+
+def test_lbfgs_leaves_openblas_alone_where_torch_multiplies_with_it(monkeypatch):
+    openblas = _scipys_openblas()
+    monkeypatch.setattr(lbfgs, "_torch_uses_openblas", lambda: True)
+    x = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    with openblas.limit(limits=2):
+        assert all(threads == {2} for threads, _ in _threads_seen_by_the_loss(openblas, x))
 
 
 def test_lbfgs_that_can_evaluate_nothing_restarts_then_gives_up():

@@ -4,11 +4,11 @@ points where the objective cannot be evaluated.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -113,21 +113,30 @@ def minimise(loss: Callable[[], Tensor], params: list[Tensor], *, bounds: list[t
 
 @contextmanager
 def _scipy_blas_on_one_thread() -> Iterator[None]:
-    """Run the OpenBLAS libraries that scipy and numpy bring (not torch's own) on one thread.
+    """Run the OpenBLAS libraries that scipy and numpy bring on one thread, where torch computes with another BLAS.
 
     L-BFGS-B calls scipy's BLAS between two evaluations of the loss. OpenBLAS's threads, woken by such a call,
     busy-wait for more work afterwards and take the cores from torch's threads, which evaluate the loss: on two
     cores, SGPR's fit on 692 rows (m = 256, 95 evaluations) took 5.2 s with them and 1.6 s without, each
     evaluation some six times slower than alone. L-BFGS-B's vectors have one entry per parameter, work for one
-    thread. Libraries inside torch's package (its own BLAS where a wheel bundles OpenBLAS) are left alone.
+    thread. Nothing is limited where torch's own BLAS is OpenBLAS (some aarch64 wheels, distribution builds: the
+    library may be the one torch multiplies with), nor an OpenBLAS built on OpenMP, whose thread count is the
+    OpenMP runtime's that torch may share.
     """
-    torch_dir = Path(torch.__file__).resolve().parent
-    torch_dirs = (torch_dir, torch_dir.with_name("torch.libs"))
-    blas = ThreadpoolController().select(internal_api="openblas")
-    others = [lib.filepath for lib in blas.lib_controllers
-              if not any(Path(lib.filepath).resolve().is_relative_to(folder) for folder in torch_dirs)]
-    if not others:
+    if _torch_uses_openblas():
         yield
         return
-    with blas.select(filepath=others).limit(limits=1):
+    with warnings.catch_warnings():  # threadpoolctl warns of every pair of OpenMP runtimes it finds loaded
+        warnings.simplefilter("ignore")
+        blas = ThreadpoolController().select(internal_api="openblas")
+    pthreads = [lib.filepath for lib in blas.lib_controllers if lib.threading_layer != "openmp"]
+    if not pthreads:
         yield
+        return
+    with blas.select(filepath=pthreads).limit(limits=1):
+        yield
+
+
+@functools.cache
+def _torch_uses_openblas() -> bool:
+    return "BLAS_INFO=open" in torch.__config__.show()

@@ -315,5 +315,8 @@ def test_a_peers_numbers_do_not_depend_on_what_ran_before_it():
     for before in (1, 2):
         torch.manual_seed(before)  # as another entry's training would leave the generator
         records.append(run_one(spec, ds, seed=0, dtype="float64"))
+        after = torch.get_rng_state()
+        torch.manual_seed(before)
+        assert torch.equal(after, torch.get_rng_state())  # and leaves the caller's generator as it was
     assert all(r["status"] == "ok" for r in records), records
     assert records[0]["rmse"] == records[1]["rmse"] and records[0]["nlpd"] == records[1]["nlpd"]

@@ -280,11 +280,13 @@ def _run_peer(key, options, train, X, y, seed, progress):
 
     m = options.pop("n_inducing", None)
     # GPyTorch draws from torch's global generator (noise on its variational mean when training starts): seeded
-    # here, so that a peer's numbers do not depend on what ran before it in the process (ours seed themselves)
-    torch.manual_seed(seed)
-    peer = make_peer(key, X.shape[1], m, dtype=X.dtype, device=X.device, **options)
-    Z = kmeans_centers(X, m, seed) if m is not None else None
-    seconds = peer.fit(X, y, seed=seed, Z=Z, progress=progress, **train)
+    # here, so that a peer's numbers do not depend on what ran before it in the process (ours seed themselves),
+    # and forked, so that the caller's generator is left as it was
+    with torch.random.fork_rng(devices=[X.device] if X.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        peer = make_peer(key, X.shape[1], m, dtype=X.dtype, device=X.device, **options)
+        Z = kmeans_centers(X, m, seed) if m is not None else None
+        seconds = peer.fit(X, y, seed=seed, Z=Z, progress=progress, **train)
     return peer.predict, float(np.mean(seconds)), len(seconds)
 
 

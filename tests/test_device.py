@@ -146,6 +146,27 @@ def test_copies_from_pageable_host_memory_to_a_device_are_found():
                                                        "torch.tensor onto meta"]
 
 
+def test_indexing_that_copies_from_the_host_is_found():
+    """On a GPU ``c[0] = 1.0`` and ``W[[0, 2]]`` copy the number or the index list from pageable host memory (torch's
+    sync debug mode flagged both in training steps on an H200); numbers, slices and device tensors copy nothing."""
+    on_meta = torch.zeros(3, 2, device="meta")
+
+    def work():
+        on_meta[0] = 1.0
+        on_meta[[0, 2]]
+        on_meta[torch.tensor([0, 2])]
+        on_meta[:, 1] = torch.ones(3)
+        on_meta[1, 0]  # copy nothing from here on
+        on_meta[1:, ::2]
+        on_meta[torch.zeros(2, dtype=torch.long, device="meta")] = torch.ones(2, device="meta")
+        on_meta[..., None]
+        torch.zeros(3)[[0, 2]] = 1.0  # on the host itself
+
+    assert [r.operation for r in host_reads(work)] == [
+        "Tensor.__setitem__ of a number from the host", "Tensor.__getitem__ with an index from the host",
+        "Tensor.__getitem__ with an index from the host", "copy from the host to meta"]
+
+
 # --- the meta device: shapes without values -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("problem", [p for p in PROBLEMS if p[0] != "grief"], ids=problem_id)
@@ -336,7 +357,12 @@ def test_a_training_step_on_cuda_never_synchronises(problem):
 
 # SoftKI draws its probes from the device's generator, and GP-GRIEF-I's chains accept by comparisons that round-off
 # can flip: their fits on the two devices differ by more than round-off.
-DETERMINISTIC = [m for m in METHODS if m not in ("softki", "grief-i")]
+# Not compared with a fit on the CPU: SoftKI's probes and the deep convolutional GP's draws come from the device's
+# own generator (the CPU's and CUDA's give different numbers for one seed); GP-GRIEF-I samples by MCMC; GP-GRIEF
+# breaks ties among equal Kronecker eigenvalue products by round-off (see gpscale.kernels.grid.top_eigenvalues), so
+# a last-bit difference can change its features: X scaled by 1 + 1e-14 moved its predictions here by 2.4e-3, and an
+# H200's fit differed from the CPU's by 6.6%.
+DETERMINISTIC = [m for m in METHODS if m not in ("softki", "deep-conv-hvgp", "grief", "grief-i")]
 ACROSS_DEVICES = dict(rtol=1e-5, atol=1e-7)  # a few Adam steps from round-off apart
 
 
@@ -369,11 +395,14 @@ def test_a_classifier_fits_predicts_saves_and_loads_on_cuda_as_on_the_cpu(tmp_pa
         pytest.skip(f"{method} classifies two classes only")
     X, _ = data(80)
     labels = np.digitize(X[:, 0] + 0.3 * X[:, 1], [-0.5, 0.5][: n_classes - 1])
-    settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, **TINY[method]}
+    # float64, as the regressors' test: the load on the CPU is compared to the bit's neighbourhood (in float32 the
+    # CPU's and an H200's predictions differed by 1.5e-7)
+    settings = {"epochs": 3, "batch_size": 32, "lr": 0.05, "dtype": "float64", **TINY[method]}
     gpu = GPClassifier(method=method, progress=False, device="cuda", **settings).fit(X, labels)
     p = gpu.predict_proba(X)
     assert p.shape == (80, n_classes) and np.allclose(p.sum(1), 1)
     gpu.save(tmp_path / "clf.gps")
     np.testing.assert_allclose(gpscale.load(tmp_path / "clf.gps", device="cpu").predict_proba(X), p, rtol=1e-9)
-    cpu = GPClassifier(method=method, progress=False, **settings).fit(X, labels)
-    np.testing.assert_allclose(cpu.predict_proba(X), p, **ACROSS_DEVICES)
+    if method in DETERMINISTIC:
+        cpu = GPClassifier(method=method, progress=False, **settings).fit(X, labels)
+        np.testing.assert_allclose(cpu.predict_proba(X), p, **ACROSS_DEVICES)

@@ -11,11 +11,13 @@ Adam keeps its step counters on the host, so reading them waits for nothing.
 
 It records copies between the host and a device too: to the host (a read), and from pageable host memory to the
 device (``.to(device)`` of a CPU tensor, ``torch.tensor(data, device=...)``), which torch makes wait for the device
-(only a copy from pinned memory with ``non_blocking=True`` does not). Those show only where the model is on a
-device other than the CPU: the meta device serves on a machine without a GPU.
+(only a copy from pinned memory with ``non_blocking=True`` does not), those that indexing makes among them (an
+index given as a list or a host tensor, a number assigned to elements: ``c[0] = 1.0``). Those show only where the
+model is on a device other than the CPU: the meta device serves on a machine without a GPU.
 """
 from __future__ import annotations
 
+import numbers
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,12 +112,29 @@ class _ReadingMethods(TorchFunctionMode):
         elif func in (torch.tensor, torch.as_tensor) and not torch.is_tensor(args[0]) and \
                 torch.device(kwargs.get("device") or "cpu").type != "cpu":  # made on the host, then copied
             operation = f"torch.{func.__name__} onto {torch.device(kwargs['device']).type}"
+        elif func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _from_the_host(func, *args):
+            operation = f"Tensor.{func.__name__} {_from_the_host(func, *args)} from the host"
         else:
             return func(*args, **kwargs)
         read = _caller(operation)
         if read is not None:
             self.reads.append(read)
         return func(*args, **kwargs)
+
+
+def _from_the_host(func, tensor, index, value=None) -> str | None:
+    """What an indexing of a tensor off the host copies from the host, which torch then makes wait for the device:
+    an index given as a list or a host tensor, or an assigned Python number (``c[0] = 1.0`` on a GPU copies the
+    number from pageable memory; an assigned host tensor is the copy operator's, recorded there); None when it
+    copies nothing (numbers and slices as indices, device tensors)."""
+    if tensor.device.type == "cpu":
+        return None
+    parts = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(part, list) or (torch.is_tensor(part) and part.device.type == "cpu") for part in parts):
+        return "with an index"
+    if func is torch.Tensor.__setitem__ and isinstance(value, numbers.Number):
+        return "of a number"
+    return None
 
 
 def host_reads(fn) -> list[HostRead]:

@@ -140,8 +140,9 @@ def vff_Kuu(nu: float, a: float | Tensor, b: float | Tensor, n_frequencies: int,
     variance = variance.reshape(-1, 1)
     delta = _as_column(b - a, dtype, device)  # [D, 1], or a number
     omega = frequencies(a, b, n_frequencies, dtype, device).reshape(-1, n_frequencies + 1)  # [D, F + 1]
-    c = torch.full((n_frequencies + 1,), 2.0, dtype=dtype, device=device)
-    c[0] = 1.0  # the constant has twice the squared norm of a cos of the same frequency
+    # 1 for the constant, which has twice the squared norm of a cos of the same frequency, else 2 (made by an
+    # operator: assigning c[0] a number copies it from the host, a wait on a GPU)
+    c = 2.0 - (torch.arange(n_frequencies + 1, device=device) == 0).to(dtype)
     s = torch.sqrt(variance)
     ones = torch.ones_like(omega)
     power = nu + 0.5  # 1, 2, 3

@@ -236,7 +236,7 @@ class SubspaceNegation(GroupAction):
     periods = (2,)
 
     def __init__(self, U: Tensor, atol: float = 1e-5):
-        U = torch.as_tensor(U, dtype=torch.float64).detach()
+        U = torch.as_tensor(U, dtype=torch.float64).detach().cpu()  # on the host, as every action's constants
         if U.ndim != 2 or U.shape[1] < 1:
             raise ValueError(f"U must be [d, k] with k >= 1 columns; got shape {tuple(U.shape)}.")
         gram_error = (U.T @ U - torch.eye(U.shape[1], dtype=U.dtype, device=U.device)).abs().max().item()
@@ -498,7 +498,8 @@ def block_harmonic_grams(kernel: Kernel, action: GroupAction, Z: Tensor, ts: lis
     of the kernel over a leading batch axis, which the kernel must take (:attr:`Kernel.takes_batches`), where a
     call per block took a dozen operators forward and backward for each."""
     K = _half_orbit_grams(kernel, action, Z)  # [B, m, H, m]
-    W = action.half_orbit_weights(K.dtype, K.device)[list(ts)]  # [B, H]
+    W = action.constants.get(("half_orbit_weights", *ts), lambda: action.half_orbit_weights(torch.float64, None)[ts],
+                             K.dtype, K.device)  # [B, H], its rows picked on the host: a list index is a copy
     return _symmetric(torch.einsum("bh,bihj->bij", W, K))
 
 

@@ -148,23 +148,27 @@ def test_copies_from_pageable_host_memory_to_a_device_are_found():
 
 def test_indexing_that_copies_from_the_host_is_found():
     """On a GPU ``c[0] = 1.0`` and ``W[[0, 2]]`` copy the number or the index list from pageable host memory (torch's
-    sync debug mode flagged both in training steps on an H200); numbers, slices and device tensors copy nothing."""
+    sync debug mode flagged both in training steps on an H200); numbers, slices and device tensors copy nothing, nor
+    does a number assigned to several elements (torch fills them)."""
     on_meta = torch.zeros(3, 2, device="meta")
 
     def work():
-        on_meta[0] = 1.0
+        on_meta[1, 0] = 1.0
         on_meta[[0, 2]]
+        on_meta[range(2)]
         on_meta[torch.tensor([0, 2])]
         on_meta[:, 1] = torch.ones(3)
         on_meta[1, 0]  # copy nothing from here on
         on_meta[1:, ::2]
+        on_meta[1:] = 2.0  # fills several elements
         on_meta[torch.zeros(2, dtype=torch.long, device="meta")] = torch.ones(2, device="meta")
         on_meta[..., None]
         torch.zeros(3)[[0, 2]] = 1.0  # on the host itself
 
     assert [r.operation for r in host_reads(work)] == [
         "Tensor.__setitem__ of a number from the host", "Tensor.__getitem__ with an index from the host",
-        "Tensor.__getitem__ with an index from the host", "copy from the host to meta"]
+        "Tensor.__getitem__ with an index from the host", "Tensor.__getitem__ with an index from the host",
+        "copy from the host to meta"]
 
 
 # --- the meta device: shapes without values -----------------------------------------------------------------------
@@ -355,8 +359,6 @@ def test_a_training_step_on_cuda_never_synchronises(problem):
     assert torch.isfinite(loss)
 
 
-# SoftKI draws its probes from the device's generator, and GP-GRIEF-I's chains accept by comparisons that round-off
-# can flip: their fits on the two devices differ by more than round-off.
 # Not compared with a fit on the CPU: SoftKI's probes and the deep convolutional GP's draws come from the device's
 # own generator (the CPU's and CUDA's give different numbers for one seed); GP-GRIEF-I samples by MCMC; GP-GRIEF
 # breaks ties among equal Kronecker eigenvalue products by round-off (see gpscale.kernels.grid.top_eigenvalues), so

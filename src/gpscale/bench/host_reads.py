@@ -12,8 +12,8 @@ Adam keeps its step counters on the host, so reading them waits for nothing.
 It records copies between the host and a device too: to the host (a read), and from pageable host memory to the
 device (``.to(device)`` of a CPU tensor, ``torch.tensor(data, device=...)``), which torch makes wait for the device
 (only a copy from pinned memory with ``non_blocking=True`` does not), those that indexing makes among them (an
-index given as a list or a host tensor, a number assigned to elements: ``c[0] = 1.0``). Those show only where the
-model is on a device other than the CPU: the meta device serves on a machine without a GPU.
+index given as a list or a host tensor, a number assigned to one element: ``c[0] = 1.0``). Those show only where
+the model is on a device other than the CPU: the meta device serves on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -124,15 +124,19 @@ class _ReadingMethods(TorchFunctionMode):
 
 def _from_the_host(func, tensor, index, value=None) -> str | None:
     """What an indexing of a tensor off the host copies from the host, which torch then makes wait for the device:
-    an index given as a list or a host tensor, or an assigned Python number (``c[0] = 1.0`` on a GPU copies the
-    number from pageable memory; an assigned host tensor is the copy operator's, recorded there); None when it
-    copies nothing (numbers and slices as indices, device tensors)."""
+    an index given as a sequence (a list, a range) or as a host tensor of indices, or a Python number assigned to a
+    single element (``c[0] = 1.0``: torch copies the number from pageable memory into the element; assigned to
+    several elements, ``c[1:] = 1.0``, it fills them, no copy; an assigned host tensor is the copy operator's,
+    recorded there). None when it copies nothing: numbers, slices and 0-dim host tensors as indices (torch reads
+    the last on the host), device tensors."""
     if tensor.device.type == "cpu":
         return None
     parts = index if isinstance(index, tuple) else (index,)
-    if any(isinstance(part, list) or (torch.is_tensor(part) and part.device.type == "cpu") for part in parts):
+    if any(isinstance(part, (list, range)) or (torch.is_tensor(part) and part.device.type == "cpu" and part.ndim)
+           for part in parts):
         return "with an index"
-    if func is torch.Tensor.__setitem__ and isinstance(value, numbers.Number):
+    one_element = all(isinstance(part, int) for part in parts) and len(parts) == tensor.ndim
+    if func is torch.Tensor.__setitem__ and isinstance(value, numbers.Number) and one_element:
         return "of a number"
     return None
 

@@ -498,8 +498,9 @@ def block_harmonic_grams(kernel: Kernel, action: GroupAction, Z: Tensor, ts: lis
     of the kernel over a leading batch axis, which the kernel must take (:attr:`Kernel.takes_batches`), where a
     call per block took a dozen operators forward and backward for each."""
     K = _half_orbit_grams(kernel, action, Z)  # [B, m, H, m]
-    W = action.constants.get(("half_orbit_weights", *ts), lambda: action.half_orbit_weights(torch.float64, None)[ts],
-                             K.dtype, K.device)  # [B, H], its rows picked on the host: a list index is a copy
+    # [B, H], its rows picked on the host: on a GPU, indexing with a list copies the list from the host
+    W = action.constants.get(("half_orbit_weights", *ts),
+                             lambda: action.half_orbit_weights(torch.float64, None)[list(ts)], K.dtype, K.device)
     return _symmetric(torch.einsum("bh,bihj->bij", W, K))
 
 

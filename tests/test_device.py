@@ -361,9 +361,11 @@ def test_a_training_step_on_cuda_never_synchronises(problem):
 
 # Not compared with a fit on the CPU: SoftKI's probes and the deep convolutional GP's draws come from the device's
 # own generator (the CPU's and CUDA's give different numbers for one seed); GP-GRIEF-I samples by MCMC; GP-GRIEF
-# breaks ties among equal Kronecker eigenvalue products by round-off (see gpscale.kernels.grid.top_eigenvalues), so
-# a last-bit difference can change its features: X scaled by 1 + 1e-14 moved its predictions here by 2.4e-3, and an
-# H200's fit differed from the CPU's by 6.6%.
+# starts its noise at the maximiser of its evidence over the noise, where the noise's gradient is near zero, and
+# Adam's first step, lr g / (|g| + 1e-8), makes large and different steps of gradients that differ in their last
+# digits: X scaled by 1 + 1e-14 gave raw-noise gradients 1.0e-7 and 2.1e-8 at the start, the raw noise 0.027 apart
+# after one epoch (the other parameters 3e-13) and the predictions 2.4e-3 apart after three; an H200's fit differed
+# from the CPU's by 6.6%.
 DETERMINISTIC = [m for m in METHODS if m not in ("softki", "deep-conv-hvgp", "grief", "grief-i")]
 ACROSS_DEVICES = dict(rtol=1e-5, atol=1e-7)  # a few Adam steps from round-off apart
 

@@ -320,3 +320,20 @@ def test_a_peers_numbers_do_not_depend_on_what_ran_before_it():
         assert torch.equal(after, torch.get_rng_state())  # and leaves the caller's generator as it was
     assert all(r["status"] == "ok" for r in records), records
     assert records[0]["rmse"] == records[1]["rmse"] and records[0]["nlpd"] == records[1]["nlpd"]
+
+
+def test_the_gpu_protocols_sgpr_entry_is_the_registry_entry_in_the_estimators_dtype():
+    """The `gpu` protocol runs SGPR as an estimator entry, to give it the estimator's dtype option, with the start a
+    registry entry gets implicitly (softplus(0)): the same fit as the registry entry `sgpr` plus that option, the
+    form its first run on an H200 was recorded under."""
+    entry = next(spec for spec in get_protocol("gpu").methods if spec.name == "sgpr")
+    assert entry.key == "estimator" and entry.options["dtype"] == "auto"
+    small = {"n_inducing": 8, "epochs": 3}
+    as_entry = replace(entry, options={**entry.options, **small})
+    registry = next(spec for spec in get_protocol("gpu").methods if spec.key == "svgp")  # registry-started
+    as_registry = MethodSpec("sgpr", {**{k: v for k, v in entry.options.items() if k != "method"}, **small})
+    assert as_registry.options["lengthscale"] == registry.options["lengthscale"]
+    ds = load_dataset("friedman1", n=300)
+    records = [run_one(spec, ds, seed=0, dtype="float32") for spec in (as_entry, as_registry)]
+    assert all(r["status"] == "ok" for r in records), records
+    assert records[0]["rmse"] == records[1]["rmse"] and records[0]["nlpd"] == records[1]["nlpd"]

@@ -310,6 +310,25 @@ def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeyp
     assert features.Kuf(X[:0]).shape == (8, 16, 0)  # a rank with no rows of the batch (data parallelism)
 
 
+def test_features_off_the_cpu_are_formed_in_fewer_chunks(monkeypatch):
+    """The CPU's chunk budget (glibc's malloc thresholds) does not apply on other devices, where every chunk costs
+    its own kernel launches: there K_uf's 8 blocks take one kernel evaluation where the CPU's budget takes 8."""
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(64, 5, generator=g, dtype=F64)
+    model = HVGP(5, n_inducing=16, group="pca_negation", n_ways=3).double()  # T = 8 blocks, orbits of S = 8
+    model.init(X, target(X), seed=0)
+    monkeypatch.setattr("gpscale.models.hvgp.KUF_CHUNK_BYTES", 64 * model.features.action.order * 16 * 8)
+    calls = []
+    forward = model.kernel.forward
+    model.kernel.forward = lambda X1, X2: calls.append(X2.shape[0]) or forward(X1, X2)
+    model.features.Kuf(X)
+    assert calls == [64] * 8  # a block a chunk on the CPU
+    model.to("meta")
+    calls.clear()
+    assert model.features.Kuf(X.to("meta")).shape == (8, 16, 64)
+    assert calls == [64]
+
+
 def test_prediction_chunks_shrink_with_the_orbit():
     big = HVGP(3, n_inducing=250, group="longitude", period=12)  # S = 12, T = 7: 21,000 orbit points
     assert big.chunk_size == 2**22 // 21_000

@@ -18,6 +18,13 @@ It acts once per process, on Linux with glibc only, when :func:`gpscale.train.fi
 the environment already sets malloc's thresholds (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
 ``MALLOC_TOP_PAD_``) or sets ``GPSCALE_MALLOC=default``. The setting stays for the rest of the process: glibc has
 no way back to its dynamic rule.
+
+A training step's temporaries together outgrow the trim threshold: HVGP's paper-size step frees some 50 MB above
+its 64 MiB at the top of the heap, which glibc hands back at the step's end and the next step faults in again
+(12,000 to 14,000 pages a step; the exact GP's step on 2,000 rows, 25,000). :func:`hold_freed_heap` raises the trim
+threshold to :data:`HELD_TRIM_THRESHOLD` while a fit runs, and on leaving sets it back and hands the freed heap to
+the system (``malloc_trim``): the fit's memory peak is the same (the step reaches it either way), and the process
+does not keep it afterwards.
 """
 from __future__ import annotations
 
@@ -25,8 +32,10 @@ import ctypes
 import os
 import platform
 import sys
+import threading
+from contextlib import contextmanager
 
-__all__ = ["keep_temporaries_on_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["keep_temporaries_on_heap", "hold_freed_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "HELD_TRIM_THRESHOLD"]
 
 # mallopt's parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -34,19 +43,32 @@ _M_MMAP_THRESHOLD = -3
 
 MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit machines: its own rule's ceiling
 TRIM_THRESHOLD = 2 * MMAP_THRESHOLD  # where glibc's dynamic rule puts the trim threshold beside it
+HELD_TRIM_THRESHOLD = 1 << 30  # while a fit runs: above any step's temporaries short of a GiB (mallopt takes an int)
 
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _applied: bool | None = None
+_holders = 0  # fits running now (nested ones included): the threshold goes back when the last one leaves
+_holders_lock = threading.Lock()
+
+
+def _libc():
+    """glibc, or None off glibc."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
 
 
 def _mallopt():
     """glibc's ``mallopt``, or None off glibc."""
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return None
+    return getattr(_libc(), "mallopt", None)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None off glibc."""
+    return getattr(_libc(), "malloc_trim", None)
 
 
 def keep_temporaries_on_heap() -> bool:
@@ -64,3 +86,28 @@ def keep_temporaries_on_heap() -> bool:
             _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD,
                                                                                           TRIM_THRESHOLD))
     return _applied
+
+
+@contextmanager
+def hold_freed_heap():
+    """``with hold_freed_heap(): ...``: freed memory at the top of the heap is kept up to
+    :data:`HELD_TRIM_THRESHOLD` within the block, so that each training step reuses the pages of the step before
+    it; when the outermost such block ends, the trim threshold is :data:`TRIM_THRESHOLD` again and the heap's free
+    memory goes back to the system. Sets :func:`keep_temporaries_on_heap`'s thresholds first; does nothing where
+    those are not gpscale's (off glibc, or the user's own settings)."""
+    global _holders
+    held = keep_temporaries_on_heap()
+    if held:
+        with _holders_lock:
+            _holders += 1
+            if _holders == 1:
+                _mallopt()(_M_TRIM_THRESHOLD, HELD_TRIM_THRESHOLD)
+    try:
+        yield
+    finally:
+        if held:
+            with _holders_lock:
+                _holders -= 1
+                if _holders == 0:
+                    _mallopt()(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+                    _malloc_trim()(0)

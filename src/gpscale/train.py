@@ -24,7 +24,7 @@ from . import lbfgs
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .device import check_failed, deferred_checks, pinned_for, to_device
 from .distributed import LOCAL, Comm, broadcast_state
-from .heap import keep_temporaries_on_heap
+from .heap import hold_freed_heap
 from .io import check_writable, write_atomically
 from .linalg import NotPSDError
 from .models.base import GPModel
@@ -170,53 +170,53 @@ def fit(
                          "schedule=None (training to convergence steps the learning rate down on plateaus).")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"Expected val_fraction in [0, 1). Got {val_fraction}.")
-    keep_temporaries_on_heap()
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)
-    if resume and checkpoint is None:
-        raise ValueError("resume=True continues from a checkpoint: pass checkpoint=PATH (--checkpoint PATH on the "
-                         "command line) too.")
-    if checkpoint is not None and comm.rank == 0:
-        check_writable(checkpoint)  # before the first epoch, not after it
-    state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
-    if state is None:
-        X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
-        if comm.rank == 0:
-            model.initialise(X_init, y_init, seed=seed)
-        broadcast_state(model, comm)
-        # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
-        torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
-    else:
-        model.load_state_dict(state["model"])
-    initial = snapshot(model.state_dict())
-    result = FitResult(settings=settings)
-    start = time.perf_counter()
-    for attempt in range(max_restarts + 1 if model.trainable else 0):
-        try:
-            if settings.optimizer == "lbfgs":
-                _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress, comm=comm)
-            else:
-                _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings, convergence,
-                          schedule=schedule, patience=patience, val_every=val_every, progress=progress,
-                          checkpoint=checkpoint, comm=comm)
-            break
-        except (NotPSDError, TrainingError) as err:
-            if attempt == max_restarts:
-                raise type(err)(
-                    f"Training failed {attempt + 1} times (last: {err}) Try a smaller lr, a larger noise "
-                    "floor (noise_floor=...), fewer inducing points, or dtype='float64'."
-                ) from err
-            warnings.warn(f"Training failed ({err}); restarting from perturbed initial values "
-                          f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
-            model.load_state_dict(initial)
-            _perturb(model, generator, scale=0.1 * (attempt + 1))
-            result, state = FitResult(settings=settings, restarts=attempt + 1), None
-    _check_improved(result)
-    _check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
-    model.fit_posterior(X, y, comm)
-    result.seconds = time.perf_counter() - start
-    return result
+    with hold_freed_heap():  # each step reuses the pages of the step before it
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        X_fit, y_fit, X_val, y_val = _validation_split(X, y, val_fraction, generator, comm)
+        if resume and checkpoint is None:
+            raise ValueError("resume=True continues from a checkpoint: pass checkpoint=PATH (--checkpoint PATH on the "
+                             "command line) too.")
+        if checkpoint is not None and comm.rank == 0:
+            check_writable(checkpoint)  # before the first epoch, not after it
+        state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
+        if state is None:
+            X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
+            if comm.rank == 0:
+                model.initialise(X_init, y_init, seed=seed)
+            broadcast_state(model, comm)
+            # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
+            torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
+        else:
+            model.load_state_dict(state["model"])
+        initial = snapshot(model.state_dict())
+        result = FitResult(settings=settings)
+        start = time.perf_counter()
+        for attempt in range(max_restarts + 1 if model.trainable else 0):
+            try:
+                if settings.optimizer == "lbfgs":
+                    _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress, comm=comm)
+                else:
+                    _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings, convergence,
+                              schedule=schedule, patience=patience, val_every=val_every, progress=progress,
+                              checkpoint=checkpoint, comm=comm)
+                break
+            except (NotPSDError, TrainingError) as err:
+                if attempt == max_restarts:
+                    raise type(err)(
+                        f"Training failed {attempt + 1} times (last: {err}) Try a smaller lr, a larger noise "
+                        "floor (noise_floor=...), fewer inducing points, or dtype='float64'."
+                    ) from err
+                warnings.warn(f"Training failed ({err}); restarting from perturbed initial values "
+                              f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
+                model.load_state_dict(initial)
+                _perturb(model, generator, scale=0.1 * (attempt + 1))
+                result, state = FitResult(settings=settings, restarts=attempt + 1), None
+        _check_improved(result)
+        _check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
+        model.fit_posterior(X, y, comm)
+        result.seconds = time.perf_counter() - start
+        return result
 
 
 def adam(model: GPModel, lr: float) -> torch.optim.Adam:

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from .._version import __version__
 from ..defaults import default_dtype
 from ..distributed import LOCAL
-from ..heap import keep_temporaries_on_heap
+from ..heap import hold_freed_heap, keep_temporaries_on_heap
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective, adam
 
@@ -192,7 +192,8 @@ def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtyp
 def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     """``step(X, y, batch_size=None)``: one pass of :func:`gpscale.train.fit`'s own epoch loop over (X, y) in batches
     of ``batch_size`` rows (default: all of them), a natural-gradient step where the model takes one, then an Adam
-    step; one process, with fit's malloc thresholds (:mod:`gpscale.heap`)."""
+    step; one process, with fit's malloc thresholds (:mod:`gpscale.heap`; a run of steps under
+    :func:`~gpscale.heap.hold_freed_heap` reuses its pages as fit's steps do)."""
     keep_temporaries_on_heap()
     optimiser = adam(model, lr)
     objective = _Objective(model)
@@ -226,15 +227,16 @@ def measure(case: FloorCase, rates: dict[str, float], repeats: int = 3) -> dict:
 
     out = {"method": case.method, "size": case.size, "n": case.n, "d": case.d, "rows per step": rows,
            "dtype": case.dtype, "options": case.options}
-    step()  # warm-up
-    for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
-        model.train(name == "step")  # prediction reads the posterior the phase before it fitted
-        by_dtype = count_flops_by_dtype(fn)
-        flops, floor = sum(by_dtype.values()), floor_seconds(by_dtype, rates)
-        seconds = best_seconds(fn, repeats)
-        out[name] = {"gflop": flops / per / 1e9, "floor_s": floor / per, "seconds": seconds / per,
-                     "ratio": seconds / floor if flops else math.inf,
-                     "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0}
+    with hold_freed_heap():  # as in fit: each step reuses the pages of the step before it
+        step()  # warm-up
+        for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
+            model.train(name == "step")  # prediction reads the posterior the phase before it fitted
+            by_dtype = count_flops_by_dtype(fn)
+            flops, floor = sum(by_dtype.values()), floor_seconds(by_dtype, rates)
+            seconds = best_seconds(fn, repeats)
+            out[name] = {"gflop": flops / per / 1e9, "floor_s": floor / per, "seconds": seconds / per,
+                         "ratio": seconds / floor if flops else math.inf,
+                         "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0}
     return out
 
 

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from gpscale.bench.floor import (FLOOR_CASES, FloorCase, count_flops, count_flops_by_dtype, floor_seconds,
-                                  matmul_rate, measure)
+from gpscale.bench.floor import (FLOOR_CASES, FloorCase, count_flops, count_flops_by_dtype, count_work,
+                                  floor_seconds, matmul_rate, measure, operator_seconds)
 from gpscale.cli import main
 from gpscale.models import available_methods
 
@@ -42,6 +42,18 @@ def test_the_backward_pass_is_counted_too():
     assert count_flops(lambda: (a @ b).sum().backward()) == 3 * 2 * 30 * 20 * 10  # forward, then one per operand
 
 
+def test_operators_are_counted_but_not_views():
+    a = torch.randn(30, 20, dtype=F64)
+    # mm, exp, the copy of reshape (of a transpose) and sum; the transposes and reshape's view compute nothing
+    flops, operators = count_work(lambda: (a.T @ a).exp().T.reshape(-1).sum())
+    assert operators == 4 and flops == {F64: 2 * 20 * 30 * 20}
+    assert count_work(lambda: a.T.reshape(2, -1).view(-1).unsqueeze(0)[:, :5].expand(3, 5))[1] == 1  # the copy
+
+
+def test_the_least_operator_time_is_microseconds():
+    assert 1e-8 < operator_seconds(calls=200, repeats=2) < 1e-3
+
+
 def test_every_gradient_trained_method_has_a_small_and_a_paper_size():
     sizes = {(c.method, c.size) for c in FLOOR_CASES}
     for method in set(available_methods()) - {"grief-i"}:  # GP-GRIEF-I samples by MCMC: no gradient step
@@ -51,18 +63,22 @@ def test_every_gradient_trained_method_has_a_small_and_a_paper_size():
 @pytest.mark.parametrize("case", [FloorCase("svgp", 300, 3, {"n_inducing": 20}, 64),
                                   FloorCase("sgpr", 300, 3, {"n_inducing": 20})], ids=["minibatch", "full batch"])
 def test_a_measurement_gives_flops_seconds_and_their_ratio_for_each_phase(case):
+    operator_s = 2e-6
     row = measure(case, {"float32": matmul_rate(torch.float32, size=256), "float64": matmul_rate(F64, size=256)},
-                  repeats=2)
+                  operator_s, repeats=2)
     assert row["rows per step"] == (64 if case.method == "svgp" else 300)
-    for phase in ("step", "posterior", "predict"):
+    for phase, per in (("step", 1), ("posterior", 1), ("predict", 300)):
         numbers = row[phase]
-        assert numbers["gflop"] > 0 and numbers["seconds"] > 0
+        assert numbers["gflop"] > 0 and numbers["seconds"] > 0 and numbers["operators"] > 10
         assert numbers["ratio"] == pytest.approx(numbers["seconds"] / numbers["floor_s"])
+        assert numbers["operator floor_s"] == pytest.approx(numbers["floor_s"] + numbers["operators"] * operator_s / per)
+        assert numbers["operator ratio"] == pytest.approx(numbers["seconds"] / numbers["operator floor_s"])
 
 
 def test_bench_protocol_floor_writes_its_table(tmp_path, capsys):
     assert main(["bench", "--protocol", "floor", "--methods", "exact", "--out", str(tmp_path)]) == 0
     page = (tmp_path / "floor.md").read_text()
     assert "| exact | small | 500 |" in page and "| exact | paper | 2,000 |" in page and "GFLOP/s" in page
+    assert "x floor with operators" in page and "the least time of one operator" in page
     assert [r["size"] for r in json.loads((tmp_path / "floor.json").read_text())["rows"]] == ["small", "paper"]
     assert "floor" in capsys.readouterr().out

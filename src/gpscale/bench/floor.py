@@ -11,6 +11,12 @@ The floor is those FLOPs at this machine's matrix-product rate, measured in the 
 rows, the best of five) in float32 and float64: each operator's FLOPs at the rate of the dtype it computes in, so a
 float32 model's float64 cores count at the float64 rate. The ratio is the best of several measured wall times over
 the floor. On a busy machine both are slowed alike only roughly: compare ratios from one run.
+
+A small step is bound by how many operators it dispatches, not by its FLOPs: each costs microseconds however little
+it computes. The same mode counts the training step's operators other than views (a view computes nothing), and
+the run measures the least time of one operator on this machine (:func:`operator_seconds`); the step's floor with
+operators adds that time for each, which says how much of a step's distance from its FLOP floor its operator count
+alone explains.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective, adam
 
 __all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
-           "count_flops_by_dtype", "floor_seconds", "matmul_rate", "measure",
+           "count_flops_by_dtype", "count_work", "floor_seconds", "matmul_rate", "operator_seconds", "measure",
            "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
@@ -105,18 +111,21 @@ IN_PLACE_PRODUCTS = {aten.addmm_: flop_registry[aten.addmm], aten.baddbmm_: flop
 
 class _FlopCounter(TorchDispatchMode):
     """Adds up, per dtype of the result, the FLOPs of every operator it sees that has a formula: torch's own
-    (matrix products, convolutions) and :data:`LINALG_FLOPS`. (torch's ``FlopCounterMode`` also tracks modules, which
-    fails on modules called under ``no_grad`` with inputs that require gradients.)"""
+    (matrix products, convolutions) and :data:`LINALG_FLOPS`, and counts the operators other than views. (torch's
+    ``FlopCounterMode`` also tracks modules, which fails on modules called under ``no_grad`` with inputs that
+    require gradients.)"""
 
     def __init__(self):
         super().__init__()
         self.flops: dict[torch.dtype, int] = {}
+        self.operators = 0
         self.formulas = {**flop_registry, **IN_PLACE_PRODUCTS,
                          **{op: shape_wrapper(f) for op, f in LINALG_FLOPS.items()}}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.operators += not (func.is_view or func._overloadpacket is aten._unsafe_view)  # reshape's view
         formula = self.formulas.get(func._overloadpacket)
         if formula is not None:
             dtype = (out[0] if isinstance(out, (tuple, list)) else out).dtype
@@ -131,9 +140,15 @@ def count_flops(fn) -> int:
 
 def count_flops_by_dtype(fn) -> dict[torch.dtype, int]:
     """:func:`count_flops` split by the dtype each operator computes in (a float32 model's float64 cores apart)."""
+    return count_work(fn)[0]
+
+
+def count_work(fn) -> tuple[dict[torch.dtype, int], int]:
+    """:func:`count_flops_by_dtype` of calling ``fn()`` once, and the number of operators it dispatched other
+    than views (a view, transpose or reshape that computes nothing)."""
     with _FlopCounter() as counter:
         fn()
-    return counter.flops
+    return counter.flops, counter.operators
 
 
 def floor_seconds(flops: dict[torch.dtype, int], rates: dict[str, float]) -> float:
@@ -158,6 +173,20 @@ def matmul_rate(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float
     a, b = (torch.randn(size, size, generator=g, dtype=dtype) for _ in range(2))
     a @ b  # warm-up
     return 2 * size**3 / best_seconds(lambda: a @ b, repeats)
+
+
+def operator_seconds(calls: int = 2000, repeats: int = 5) -> float:
+    """The least time of one operator on this machine: the sum of two one-element float32 tensors, called from
+    Python, the best of ``repeats`` runs of ``calls`` calls, per call. What any operator costs however little it
+    computes (argument parsing, dispatch, the result's allocation)."""
+    a, b = torch.ones(1), torch.ones(1)
+
+    def run():
+        for _ in range(calls):
+            torch.add(a, b)
+
+    run()  # warm-up
+    return best_seconds(run, repeats) / calls
 
 
 @dataclass(frozen=True)
@@ -205,9 +234,10 @@ def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     return step
 
 
-def measure(case: FloorCase, rates: dict[str, float], repeats: int = 3) -> dict:
-    """FLOPs, floor and measured seconds of ``case``'s training step, posterior fit and prediction per row; the
-    floor charges each dtype's FLOPs at its own rate in ``rates`` (float32 and float64, by name)."""
+def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats: int = 3) -> dict:
+    """FLOPs, operators, floors and measured seconds of ``case``'s training step, posterior fit and prediction per
+    row; the floor charges each dtype's FLOPs at its own rate in ``rates`` (float32 and float64, by name), the floor
+    with operators adds ``operator_s`` (:func:`operator_seconds`) for each operator other than a view."""
     model, X, y, g = random_problem(case.method, case.n, case.d, case.options, getattr(torch, case.dtype))
     rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
     train_step = trainer_step(model, g)
@@ -231,12 +261,15 @@ def measure(case: FloorCase, rates: dict[str, float], repeats: int = 3) -> dict:
         step()  # warm-up
         for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
             model.train(name == "step")  # prediction reads the posterior the phase before it fitted
-            by_dtype = count_flops_by_dtype(fn)
+            by_dtype, operators = count_work(fn)
             flops, floor = sum(by_dtype.values()), floor_seconds(by_dtype, rates)
+            with_operators = floor + operators * operator_s
             seconds = best_seconds(fn, repeats)
             out[name] = {"gflop": flops / per / 1e9, "floor_s": floor / per, "seconds": seconds / per,
                          "ratio": seconds / floor if flops else math.inf,
-                         "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0}
+                         "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0,
+                         "operators": operators, "operator floor_s": with_operators / per,
+                         "operator ratio": seconds / with_operators if with_operators else math.inf}
     return out
 
 
@@ -278,18 +311,22 @@ def _cases() -> tuple[FloorCase, ...]:
 FLOOR_CASES = _cases()
 
 
-def floor_table(rows: list[dict], rates: dict[str, float]) -> str:
-    """The markdown table of :func:`measure`'s rows, with the rates they were measured against."""
+def floor_table(rows: list[dict], rates: dict[str, float], operator_s: float) -> str:
+    """The markdown table of :func:`measure`'s rows, with the rates and the operator time they were measured
+    against."""
     measured = ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s" for name, rate in rates.items())
-    lines = [f"Matrix-product rate measured in the same run: {measured}.", "",
+    lines = [f"Matrix-product rate measured in the same run: {measured}; the least time of one operator: "
+             f"{operator_s * 1e6:.2g} us.", "",
              "| method | size | n | d | rows per step | dtype | step GFLOP (float64 share) | step floor | step | "
-             "x floor | posterior GFLOP | x floor | predict MFLOP/row | x floor |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "x floor | step operators | x floor with operators | posterior GFLOP | x floor | predict MFLOP/row | "
+             "x floor |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, p, q = r["step"], r["posterior"], r["predict"]
         lines.append(f"| {r['method']} | {r['size']} | {r['n']:,} | {r['d']} | {r['rows per step']:,} | "
                      f"{r['dtype']} | {s['gflop']:.3g} ({s['float64 share']:.0%}) | {s['floor_s'] * 1e3:.3g} ms | "
-                     f"{s['seconds'] * 1e3:.3g} ms | {s['ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | "
+                     f"{s['seconds'] * 1e3:.3g} ms | {s['ratio']:.1f} | {s['operators']:,} | "
+                     f"{s['operator ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | "
                      f"{q['gflop'] * 1e3:.3g} | {q['ratio']:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -304,13 +341,15 @@ def run_floor(out: str | Path, methods: list[str] | None = None, say=print) -> P
         raise ValueError(f"no floor case for {', '.join(methods)}; the cases cover "
                          f"{', '.join(sorted({c.method for c in FLOOR_CASES}))}.")
     rates = {name: matmul_rate(getattr(torch, name)) for name in ("float32", "float64")}
+    operator_s = operator_seconds()
     rows = []
     for case in cases:
         say(f"{case.method} ({case.size}) ...")
-        rows.append(measure(case, rates))
+        rows.append(measure(case, rates, operator_s))
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
                f"{torch.__version__}, gpscale {__version__}, {time.strftime('%Y-%m-%d')}")
-    page = f"# FLOP floor\n\n{machine}.\n\n{floor_table(rows, rates)}"
+    page = f"# FLOP floor\n\n{machine}.\n\n{floor_table(rows, rates, operator_s)}"
     (out / "floor.md").write_text(page)
-    (out / "floor.json").write_text(json.dumps({"machine": machine, "rates": rates, "rows": rows}, indent=1))
+    (out / "floor.json").write_text(json.dumps({"machine": machine, "rates": rates, "operator_s": operator_s,
+                                                "rows": rows}, indent=1))
     return out / "floor.md"

@@ -43,6 +43,49 @@ def test_cholesky_rejects_nan_and_inf_in_the_triangle_it_reads(i, j, value):
         cholesky(A)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(64, 64), (192, 192), (3, 128, 128)])
+def test_cholesky_at_an_order_lapack_aliases_is_lapacks_factor_info_layout_and_gradient(shape, dtype):
+    """An order that is a multiple of 64 is factored padded with an identity block (LAPACK's own runs at a third of
+    the speed there): the same factor to round-off, in LAPACK's column-major layout, the same info for a failure
+    anywhere, and the same gradient."""
+    m = shape[-1]
+    X = torch.randn(*shape[:-1], 2 * m, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
+    A = (X @ X.mT / m + 0.1 * torch.eye(m, dtype=torch.float64)).to(dtype)
+    expected, expected_info = torch.linalg.cholesky_ex(A)
+    L, info = linalg._cholesky_ex(A)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(L, expected, rtol=tol, atol=tol)
+    assert torch.equal(info, expected_info) and L.stride() == expected.stride()
+    for j in (0, m // 2, m - 1):  # a leading minor of order j + 1 that is not positive definite
+        B = A.clone()
+        B[..., j, j] = -1.0
+        assert torch.equal(linalg._cholesky_ex(B)[1], torch.linalg.cholesky_ex(B)[1])
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    grads = []
+    for factor in (lambda a: torch.linalg.cholesky_ex(a)[0], lambda a: linalg._cholesky_ex(a)[0]):
+        leaf = A.clone().requires_grad_(True)
+        (factor(leaf) * G).sum().backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=100 * tol, atol=100 * tol)
+
+
+def test_cholesky_pads_only_the_orders_lapack_aliases(monkeypatch):
+    orders = []
+    factor = torch.linalg.cholesky_ex
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda A: orders.append(A.shape[-1]) or factor(A))
+    for m in (60, 64, 100, 128, 1):
+        cholesky(spd(m))
+    assert orders == [60, 64 + linalg.CHOLESKY_PADDING, 100, 128 + linalg.CHOLESKY_PADDING, 1]
+
+
+def test_cholesky_rejects_nan_at_an_order_it_pads():
+    A = spd(128)
+    A[100, 50] = float("nan")
+    with pytest.raises(NotPSDError, match="NaN"):
+        cholesky(A)
+
+
 def test_streaming_qr_equals_one_shot_qr():
     A = torch.randn(1000, 12, dtype=torch.float64)
     R = StreamingQR.of_chunks(A.split(97))

@@ -53,17 +53,17 @@ def test_cholesky_at_an_order_lapack_aliases_is_lapacks_factor_info_layout_and_g
     X = torch.randn(*shape[:-1], 2 * m, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
     A = (X @ X.mT / m + 0.1 * torch.eye(m, dtype=torch.float64)).to(dtype)
     expected, expected_info = torch.linalg.cholesky_ex(A)
-    L, info = linalg._cholesky_ex(A)
+    L, info = linalg.cholesky_ex(A)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(L, expected, rtol=tol, atol=tol)
     assert torch.equal(info, expected_info) and L.stride() == expected.stride()
     for j in (0, m // 2, m - 1):  # a leading minor of order j + 1 that is not positive definite
         B = A.clone()
         B[..., j, j] = -1.0
-        assert torch.equal(linalg._cholesky_ex(B)[1], torch.linalg.cholesky_ex(B)[1])
+        assert torch.equal(linalg.cholesky_ex(B)[1], torch.linalg.cholesky_ex(B)[1])
     G = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
     grads = []
-    for factor in (lambda a: torch.linalg.cholesky_ex(a)[0], lambda a: linalg._cholesky_ex(a)[0]):
+    for factor in (lambda a: torch.linalg.cholesky_ex(a)[0], lambda a: linalg.cholesky_ex(a)[0]):
         leaf = A.clone().requires_grad_(True)
         (factor(leaf) * G).sum().backward()
         grads.append(leaf.grad)

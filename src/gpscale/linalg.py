@@ -1,7 +1,8 @@
 """Dense linear algebra with the numerics every method shares.
 
 Every Cholesky in gpscale goes through :func:`cholesky`: it adds escalating jitter, warns when it had to, and
-raises :class:`NotPSDError` with a remedy instead of returning NaN. Least squares goes through QR
+raises :class:`NotPSDError` with a remedy instead of returning NaN; a caller that handles failures itself takes
+:func:`cholesky_ex`, the factorisation both use. Least squares goes through QR
 (:func:`qr_lstsq`), and tall matrices that arrive in row chunks are factored by :class:`StreamingQR` (TSQR),
 which gives the same R as one QR of the stacked rows while holding only one chunk in memory. Iterative solves
 go through :func:`conjugate_gradients`.
@@ -23,6 +24,7 @@ __all__ = [
     "NotPSDError",
     "NumericalWarning",
     "cholesky",
+    "cholesky_ex",
     "solve",
     "solve_lower",
     "whiten",
@@ -69,7 +71,7 @@ CHOLESKY_ALIASED_ORDER = 64
 CHOLESKY_PADDING = 8
 
 
-def _cholesky_ex(A: Tensor) -> tuple[Tensor, Tensor]:
+def cholesky_ex(A: Tensor) -> tuple[Tensor, Tensor]:
     """``torch.linalg.cholesky_ex(A)``: the lower factor L [..., m, m] and LAPACK's ``info`` [...] (0, or the order
     of the first leading minor that is not positive definite), the same function of A. On the CPU, an order that is
     a multiple of :data:`CHOLESKY_ALIASED_ORDER` is factored as the block-diagonal [[A, 0], [0, I]] of
@@ -94,7 +96,7 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     Whether the first try succeeded is one read on the host (:func:`gpscale.device.check_failed`); inside
     :func:`gpscale.device.deferred_checks` it is deferred, and the first try's factor is returned as if it had.
     """
-    L, info = _cholesky_ex(A)
+    L, info = cholesky_ex(A)
     # a NaN or inf in the triangle the factorisation reads stops it (info > 0) or leaves a non-finite diagonal:
     # checking those m numbers, not all m^2 of A, took a fifth of the time of a 512 x 512 factorisation
     if not check_failed(info.ne(0).any() | ~torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all()):
@@ -109,7 +111,7 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     for i in range(max_tries):
         level = jitter * 10**i
-        L, info = _cholesky_ex(A + (level * scale).unsqueeze(-1) * eye)
+        L, info = cholesky_ex(A + (level * scale).unsqueeze(-1) * eye)
         if not info.any():
             warnings.warn(
                 f"The {what} ({tuple(A.shape)}) was not positive definite; added jitter of "

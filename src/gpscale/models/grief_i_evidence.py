@@ -21,7 +21,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ..linalg import CORE, logdet_from_cholesky, lower_inverse, solve_lower
+from ..linalg import CORE, cholesky_ex, logdet_from_cholesky, lower_inverse, solve_lower
 from ._weight_space import Statistics, collapse_cholesky, predict_linear
 
 __all__ = ["weighted", "reweighted_log_likelihood", "reweighted_predict", "OrthogonalBasis", "orthogonalise",
@@ -94,10 +94,10 @@ class _ReweightedEvidence(torch.autograd.Function):
 def _cholesky_or_nan(C: Tensor) -> Tensor:
     """The lower Cholesky factor of each matrix in C [..., k, k], NaN where one is not numerically positive definite.
 
-    Not ``linalg.cholesky``: with sigma^2 > 0 these matrices only fail on overflow (e.g. of w), and then each
-    chain's proposal must be rejected on its own (NaN) rather than every chain's factor jittered or the batch
-    raising."""
-    L, info = torch.linalg.cholesky_ex(C)
+    Not :func:`~gpscale.linalg.cholesky`: with sigma^2 > 0 these matrices only fail on overflow (e.g. of w), and
+    then each chain's proposal must be rejected on its own (NaN) rather than every chain's factor jittered or the
+    batch raising."""
+    L, info = cholesky_ex(C)
     return torch.where((info == 0)[..., None, None], L, torch.full_like(L, math.nan))
 
 

@@ -1,8 +1,11 @@
+import math
+
 import numpy as np
 import pytest
 import torch
 from sklearn.gaussian_process.kernels import RBF as SkRBF
 from sklearn.gaussian_process.kernels import Matern as SkMatern
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpscale.kernels import RBF, GPyTorchKernel, Kernel, Matern, inverse_softplus, make_kernel
 
@@ -102,6 +105,74 @@ def test_the_closed_form_backward_equals_autograd_of_the_formula(points, name):
     if name != "matern12":  # exp(-r) has a kink at r = 0; the others are smooth there, with a finite slope
         X = points[0][:6].clone().requires_grad_()  # rows that coincide with X2's
         torch.autograd.gradcheck(lambda x: k(x, points[0][:4].clone()), (X,))
+
+
+class _SlowNumbers(TorchDispatchMode):
+    """Records every operator that returns a subnormal number, and every exponential of an argument whose result
+    leaves the normal range (log(tiny) and below): the operations that run at a tenth of their speed or less on
+    x86 processors (see ``underflow_cutoff``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.slow = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.exp, torch.ops.aten.exp_):
+            x = args[0]
+            if (x < math.log(torch.finfo(x.dtype).tiny)).any():
+                self.slow.append(f"{func} of {x.min().item():.4g}")
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+                if ((t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)).any():
+                    self.slow.append(f"{func} returned a subnormal")
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
+def test_far_apart_points_take_no_slow_numbers_and_their_covariance_is_held_near_zero(name, dtype):
+    """Points hundreds of lengthscales apart: the kernel matrix and its gradient are formed without a subnormal
+    number or an exponential below the normal range, the far entries are held at the kernel's value where its
+    exponential is sqrt(tiny) (s^2 sqrt(tiny) times the Matérn polynomial there: not 0, not subnormal), the near
+    ones are the formula's, and the gradients are finite."""
+    g = torch.Generator().manual_seed(0)
+    spread = 2e4 if dtype == torch.float64 else 300.0  # past exp's range for every kernel in each dtype
+    # five rows near the origin with a neighbour each in X2 (near it, so the Gram expansion's round-off is small)
+    X1 = (torch.randn(40, 3, generator=g, dtype=torch.float64) * torch.tensor([0.3] * 5 + [spread] * 35)[:, None])
+    X2 = torch.cat([X1[:5] + 0.1, spread * torch.randn(35, 3, generator=g, dtype=torch.float64)]).to(dtype)
+    X1 = X1.to(dtype)
+    k = with_params(make_kernel(name, 3), LS, 2.5).to(dtype)
+    X1.requires_grad_(True)
+    with _SlowNumbers() as mode:
+        K = k(X1, X2)
+        grads = torch.autograd.grad((K * torch.linspace(0.5, 1.5, K.numel(), dtype=dtype).view_as(K)).sum(),
+                                    [X1, k.raw_lengthscale, k.raw_outputscale])
+    assert mode.slow == []
+    floor = 2.5 * math.sqrt(torch.finfo(dtype).tiny)
+    reference = _by_autograd(name, X1.detach().double(), X2.double(), k.lengthscale.detach().double(),
+                             k.outputscale.detach().double())
+    far = reference < floor
+    held = K.detach().double()[far]
+    # the held value: s^2 sqrt(tiny) times the Matérn polynomial at the held distance (44 in float32, 354 in float64)
+    assert far.sum() > 1000 and (held == held[0]).all() and floor * (1 - 1e-5) < held[0] < 1e5 * floor
+    torch.testing.assert_close(K.detach().double()[~far], reference[~far], rtol=1e-5 if dtype == torch.float32
+                               else 1e-12, atol=0)
+    assert all(torch.isfinite(gr).all() for gr in grads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_additive_materns_factors_take_no_slow_numbers_far_apart(dtype):
+    """As the stationary kernels: each dimension's factor exp(-|u|) is held at sqrt(tiny), never subnormal."""
+    g = torch.Generator().manual_seed(0)
+    spread = 2e4 if dtype == torch.float64 else 300.0
+    X1, X2 = (spread * torch.randn(n, 3, generator=g, dtype=dtype) for n in (40, 30))
+    k = make_kernel("additive_matern32", 3).to(dtype)
+    X1.requires_grad_(True)
+    with _SlowNumbers() as mode:
+        K = k(X1, X2)
+        grads = torch.autograd.grad(K.sum(), [X1, *k.parameters()])
+    assert mode.slow == [] and all(torch.isfinite(gr).all() for gr in grads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -15,7 +15,7 @@ from torch.nn.functional import softplus
 from ..linalg import transposed_times
 
 __all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "inverse_softplus", "median_distance",
-           "SOFTPLUS_ZERO"]
+           "SOFTPLUS_ZERO", "underflow_cutoff"]
 
 # The starting value of every positive hyperparameter (lengthscales, outputscale, noise): softplus(0) = ln 2, as
 # in GPyTorch. Measured on pol (SGPR, m=512, 50 Adam steps at lr 0.1): starting the noise at 0.1 instead ends in
@@ -141,19 +141,34 @@ class Stationary(Kernel):
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
 
 
-def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0) -> Tensor:
+def underflow_cutoff(dtype: torch.dtype) -> float:
+    """The exponent ``c`` at which a kernel's ``exp`` is held: ``e^c = sqrt(tiny)`` (1.1e-19 in float32, 1.5e-154 in
+    float64), so that a kernel value times another, or times any number above sqrt(tiny), is a normal number.
+
+    Numbers below ``tiny`` (subnormals) and the exponentials that produce them are slow on x86 processors: on an
+    Intel Xeon (torch 2.13, two threads, a million float32 numbers) ``exp`` took 7 to 19 ms below -87.3, where its
+    result leaves the normal range, against 0.2 ms above, and a product with a subnormal result 2.4 ms against
+    0.26 ms; a kernel matrix of far-apart points (pol's 26 features at the start lengthscale) is mostly such
+    numbers, and every pass over it and its gradient paid that. Held at e^c instead, an entry is off by at most
+    ``s^2 e^c``, far below the dtype's resolution of s^2 (eps 1.2e-7 in float32), and k(x, x) is s^2 as before."""
+    return 0.5 * math.log(torch.finfo(dtype).tiny)
+
+
+def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0, bound: float | None = None) -> Tensor:
     """``scale ||a - b||^2`` [..., n1, n2] for rows of A [..., n1, d] and B [..., n2, d] (no batch axis, or one): one
     n1 x n2 buffer (per batch entry), which addmm fills with ``scale (|a|^2 - 2 a.b)`` and ``scale |b|^2`` joins in
     place, so that a kernel's scale of the distance costs no pass of its own. Clamped at 0 against round-off, which
-    can leave a squared distance below 0 (so that the kernel's value there is its value at distance 0). Where B is A
-    (points against themselves) the diagonal is 0 exactly: the expanded form leaves about eps |a|^2 there, whose
-    root (Matérn's distance) is some 1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative in float64."""
+    can leave a squared distance below 0 (so that the kernel's value there is its value at distance 0), and at
+    ``bound`` (where a kernel's value is held, :func:`underflow_cutoff`) on the other side, in the same pass.
+    Where B is A (points against themselves) the diagonal is 0 exactly: the expanded form leaves about eps |a|^2
+    there, whose root (Matérn's distance) is some 1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative
+    in float64."""
     product = torch.addmm if A.dim() == 2 else torch.baddbmm
     sq = product((A * A).sum(-1, keepdim=True).mul_(scale), A, B.transpose(-2, -1), alpha=-2.0 * scale)
     sq.add_((B * B).sum(-1).unsqueeze(-2), alpha=scale)
     if B is A:
         sq.diagonal(dim1=-2, dim2=-1).zero_()
-    return sq.clamp_min_(0.0) if scale > 0 else sq.clamp_max_(0.0)
+    return sq.clamp_(0.0, bound) if scale > 0 else sq.clamp_(bound, 0.0)
 
 
 class _StationaryGram(torch.autograd.Function):
@@ -233,8 +248,9 @@ class RBF(Stationary):
     """Squared exponential: ``g = exp(-r^2 / 2)``, ``dg / d(r^2) = -g / 2``."""
 
     def gram(self, A, B, outputscale):
-        """``s^2 exp(-r^2 / 2)``, the distance's scale -1/2 taken in the product's buffer."""
-        return _sq_dist(A, B, scale=-0.5).exp_().mul_(outputscale), ()
+        """``s^2 exp(-r^2 / 2)``, the distance's scale -1/2 taken in the product's buffer, its exponent held at
+        :func:`underflow_cutoff` in the same pass."""
+        return _sq_dist(A, B, scale=-0.5, bound=underflow_cutoff(A.dtype)).exp_().mul_(outputscale), ()
 
     def weighted_slope(self, grad, K, state):
         """``s^2 dg / d(r^2) = -K / 2``."""
@@ -270,7 +286,8 @@ class Matern(Stationary):
         deep convolutional model (the contract tests') moved 2.5 times as far from its float64 one."""
         root = math.sqrt(2.0 * self.nu)  # scales the inputs, not the buffer, so that equal rows stay at distance 0
         scaled = A * root
-        z = _sq_dist(scaled, scaled if B is A else B * root).sqrt_()
+        # z held at -underflow_cutoff: exp(-z) at most 1e-19 above its value beyond (float32), never subnormal
+        z = _sq_dist(scaled, scaled if B is A else B * root, bound=underflow_cutoff(A.dtype) ** 2).sqrt_()
         decay = torch.neg(z).exp_().mul_(outputscale)  # s^2 exp(-z)
         if self.nu == 0.5:
             return decay.clone(), (z, decay)

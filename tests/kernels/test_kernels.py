@@ -134,7 +134,7 @@ class _SlowNumbers(TorchDispatchMode):
 def test_far_apart_points_take_no_slow_numbers_and_their_covariance_is_held_near_zero(name, dtype):
     """Points hundreds of lengthscales apart: the kernel matrix and its gradient are formed without a subnormal
     number or an exponential below the normal range, the far entries are held at the kernel's value where its
-    exponential is sqrt(tiny) (s^2 sqrt(tiny) times the Matérn polynomial there: not 0, not subnormal), the near
+    exponential is tiny^(1/3) (s^2 tiny^(1/3) times the Matérn polynomial there: not 0, not subnormal), the near
     ones are the formula's, and the gradients are finite."""
     g = torch.Generator().manual_seed(0)
     spread = 2e4 if dtype == torch.float64 else 300.0  # past exp's range for every kernel in each dtype
@@ -149,12 +149,12 @@ def test_far_apart_points_take_no_slow_numbers_and_their_covariance_is_held_near
         grads = torch.autograd.grad((K * torch.linspace(0.5, 1.5, K.numel(), dtype=dtype).view_as(K)).sum(),
                                     [X1, k.raw_lengthscale, k.raw_outputscale])
     assert mode.slow == []
-    floor = 2.5 * math.sqrt(torch.finfo(dtype).tiny)
+    floor = 2.5 * torch.finfo(dtype).tiny ** (1 / 3)
     reference = _by_autograd(name, X1.detach().double(), X2.double(), k.lengthscale.detach().double(),
                              k.outputscale.detach().double())
     far = reference < floor
     held = K.detach().double()[far]
-    # the held value: s^2 sqrt(tiny) times the Matérn polynomial at the held distance (44 in float32, 354 in float64)
+    # the held value: s^2 tiny^(1/3) times the Matérn polynomial at the held distance (29 in float32, 236 in float64)
     assert far.sum() > 1000 and (held == held[0]).all() and floor * (1 - 1e-5) < held[0] < 1e5 * floor
     torch.testing.assert_close(K.detach().double()[~far], reference[~far], rtol=1e-5 if dtype == torch.float32
                                else 1e-12, atol=0)
@@ -163,7 +163,7 @@ def test_far_apart_points_take_no_slow_numbers_and_their_covariance_is_held_near
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_additive_materns_factors_take_no_slow_numbers_far_apart(dtype):
-    """As the stationary kernels: each dimension's factor exp(-|u|) is held at sqrt(tiny), never subnormal."""
+    """As the stationary kernels: each dimension's factor exp(-|u|) is held at tiny^(1/3), never subnormal."""
     g = torch.Generator().manual_seed(0)
     spread = 2e4 if dtype == torch.float64 else 300.0
     X1, X2 = (spread * torch.randn(n, 3, generator=g, dtype=dtype) for n in (40, 30))

@@ -29,8 +29,8 @@ def _differences(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """u = a_d - b_d [D, n1, n2] for A [n1, D] and B [n2, D], z = |u| and e = exp(-z), laid out [D, n1, n2]: from
     A^T and B^T as they are (strided views) torch lays the difference out [n1, n2, D], and every pass after it
     reduces or reshapes across D's stride; ODVGP's paper step spent 6.7 ms on each sum over a [17, 400, 300]
-    factor so laid out, in a profile. e is held at exp(:func:`~gpscale.kernels.stationary.underflow_cutoff`),
-    never subnormal (slow on x86 processors, as its exponential)."""
+    factor so laid out, in a profile. e is held at exp(:func:`~gpscale.kernels.stationary.underflow_cutoff`):
+    below it, the exponential and the products of its result are slow on x86 processors."""
     u = A.T.contiguous().unsqueeze(-1) - B.T.contiguous().unsqueeze(-2)
     z = u.abs()
     return u, z, torch.neg(z).clamp_min_(underflow_cutoff(z.dtype)).exp_()

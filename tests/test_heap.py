@@ -1,6 +1,7 @@
 """gpscale.heap: glibc's malloc thresholds fixed once per process, so that a step's temporaries are reused from the
 heap instead of faulted in afresh; the freed heap held while a fit runs and handed back after it; left alone off
 glibc and where the user chose."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ def fresh(monkeypatch):
     """heap's once-per-process state reset, the environment's malloc settings removed, mallopt recorded."""
     calls = []
     monkeypatch.setattr(heap, "_applied", None)
+    monkeypatch.setattr(heap, "_holders", 0)
     monkeypatch.setattr(heap, "_mallopt", lambda: lambda param, value: calls.append((param, value)) or 1)
     monkeypatch.setattr(heap, "_malloc_trim", lambda: lambda pad: calls.append(("trim", pad)) or 1)
     for name in (*heap._USER_SETTINGS, "GPSCALE_MALLOC"):
@@ -50,8 +52,8 @@ def test_off_glibc_it_does_nothing(fresh, monkeypatch):
 def test_the_outermost_hold_sets_the_trim_threshold_and_hands_the_heap_back(fresh):
     """Nested holds (a fit inside a fit: GP-GRIEF's exact-GP start) raise the threshold once and restore it once,
     when the outer one ends, and an error inside restores it too."""
-    M_TRIM = -1
-    thresholds = [(-3, 32 << 20), (M_TRIM, 64 << 20)]
+    M_TRIM = heap._M_TRIM_THRESHOLD
+    thresholds = [(heap._M_MMAP_THRESHOLD, 32 << 20), (M_TRIM, 64 << 20)]
     with pytest.raises(RuntimeError, match="inside"):
         with heap.hold_freed_heap():
             assert fresh == [*thresholds, (M_TRIM, 1 << 30)]
@@ -88,7 +90,7 @@ def test_temporaries_of_a_step_are_not_faulted_in_again():
             step()
         print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
     """)
-    env = {k: v for k, v in __import__("os").environ.items() if k not in (*heap._USER_SETTINGS, "GPSCALE_MALLOC")}
+    env = {k: v for k, v in os.environ.items() if k not in (*heap._USER_SETTINGS, "GPSCALE_MALLOC")}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     assert float(out.stdout.split()[-1]) < 50, out.stdout
 
@@ -99,8 +101,9 @@ def test_a_step_beyond_the_trim_threshold_is_held_while_a_fit_runs_and_handed_ba
     time under the 64 MiB trim threshold alone, not within :func:`hold_freed_heap`; after the block the resident
     memory is back near where it started."""
     script = textwrap.dedent("""
-        import resource, torch
+        import ctypes, resource, torch
         from gpscale.heap import hold_freed_heap, keep_temporaries_on_heap
+        ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: pages of 4 KiB, as the count assumes
         def step():
             held = [torch.empty(2 << 20).fill_(1.0) for _ in range(12)]
             del held
@@ -119,7 +122,7 @@ def test_a_step_beyond_the_trim_threshold_is_held_while_a_fit_runs_and_handed_ba
             print(faults_per_step())
         print(resident_mb() - start)
     """)
-    env = {k: v for k, v in __import__("os").environ.items() if k not in (*heap._USER_SETTINGS, "GPSCALE_MALLOC")}
+    env = {k: v for k, v in os.environ.items() if k not in (*heap._USER_SETTINGS, "GPSCALE_MALLOC")}
     # without glibc's caches of small freed chunks: a cached chunk stays in use, and one that lands above the
     # temporaries pins the heap's top, so whether a step is trimmed would depend on the layout (0 to 16,352 faults a
     # step in six runs with the caches, 16,352 in eight without)

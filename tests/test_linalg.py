@@ -44,7 +44,7 @@ def test_cholesky_rejects_nan_and_inf_in_the_triangle_it_reads(i, j, value):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("shape", [(64, 64), (192, 192), (3, 128, 128)])
+@pytest.mark.parametrize("shape", [(128, 128), (192, 192), (256, 256)])
 def test_cholesky_at_an_order_lapack_aliases_is_lapacks_factor_info_layout_and_gradient(shape, dtype):
     """An order that is a multiple of 64 is factored padded with an identity block (LAPACK's own runs at a third of
     the speed there): the same factor to round-off, in LAPACK's column-major layout, the same info for a failure
@@ -74,9 +74,10 @@ def test_cholesky_pads_only_the_orders_lapack_aliases(monkeypatch):
     orders = []
     factor = torch.linalg.cholesky_ex
     monkeypatch.setattr(torch.linalg, "cholesky_ex", lambda A: orders.append(A.shape[-1]) or factor(A))
-    for m in (60, 64, 100, 128, 1):
+    for m in (60, 64, 100, 128, 1, 192):
         cholesky(spd(m))
-    assert orders == [60, 64 + linalg.CHOLESKY_PADDING, 100, 128 + linalg.CHOLESKY_PADDING, 1]
+    cholesky(spd(128).expand(3, 128, 128))  # a batch: LAPACK's own, padded it took longer
+    assert orders == [60, 64, 100, 128 + linalg.CHOLESKY_PADDING, 1, 192 + linalg.CHOLESKY_PADDING, 128]
 
 
 def test_cholesky_rejects_nan_at_an_order_it_pads():

@@ -29,6 +29,7 @@ does not keep it afterwards.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -51,8 +52,9 @@ _holders = 0  # fits running now (nested ones included): the threshold goes back
 _holders_lock = threading.Lock()
 
 
+@functools.cache
 def _libc():
-    """glibc, or None off glibc."""
+    """glibc, or None off glibc (looked up once)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:

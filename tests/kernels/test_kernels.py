@@ -7,7 +7,7 @@ from sklearn.gaussian_process.kernels import RBF as SkRBF
 from sklearn.gaussian_process.kernels import Matern as SkMatern
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpscale.kernels import RBF, GPyTorchKernel, Kernel, Matern, inverse_softplus, make_kernel
+from gpscale.kernels import RBF, GPyTorchKernel, Kernel, Matern, Periodic, inverse_softplus, make_kernel
 
 LS = [0.7, 1.3, 0.4]
 
@@ -163,7 +163,9 @@ def test_far_apart_points_take_no_slow_numbers_and_their_covariance_is_held_near
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_additive_materns_factors_take_no_slow_numbers_far_apart(dtype):
-    """As the stationary kernels: each dimension's factor exp(-|u|) is held at tiny^(1/3), never subnormal."""
+    """As the stationary kernels: each dimension's difference is held where exp(-|u|) is tiny^(1/3), never
+    subnormal; the far points' covariance stays flat there however far they are, and takes nothing from the
+    gradient of a near point's."""
     g = torch.Generator().manual_seed(0)
     spread = 2e4 if dtype == torch.float64 else 300.0
     X1, X2 = (spread * torch.randn(n, 3, generator=g, dtype=dtype) for n in (40, 30))
@@ -173,6 +175,22 @@ def test_the_additive_materns_factors_take_no_slow_numbers_far_apart(dtype):
         K = k(X1, X2)
         grads = torch.autograd.grad(K.sum(), [X1, *k.parameters()])
     assert mode.slow == [] and all(torch.isfinite(gr).all() for gr in grads)
+    near = torch.tensor([[0.5, 0.2, -0.3]], dtype=dtype)
+    farther = torch.tensor([[1e2, -1e3, 1e4], [1e5, 1e5, -1e5]], dtype=dtype) * spread / 300
+    x = torch.zeros(1, 3, dtype=dtype, requires_grad=True)
+    alone = torch.autograd.grad(k(x, near).sum(), x)[0]
+    with_far = torch.autograd.grad(k(x, torch.cat([near, farther])).sum(), x)[0]
+    torch.testing.assert_close(with_far, alone, rtol=1e-6, atol=0)
+    held = k(x, farther).detach()
+    assert held[0, 0] == held[0, 1] and 0 < held[0, 0] < 1e-9
+
+
+def test_the_periodic_kernel_with_a_short_lengthscale_takes_no_slow_numbers():
+    X = torch.rand(50, 26, generator=torch.Generator().manual_seed(0))
+    k = Periodic(26, lengthscale=0.1)
+    with _SlowNumbers() as mode:
+        K = k(X, X)
+    assert mode.slow == [] and torch.equal(K.diagonal(), k.diag(X)) and K.detach().min() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -237,7 +237,9 @@ def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
 def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats: int = 3) -> dict:
     """FLOPs, operators, floors and measured seconds of ``case``'s training step, posterior fit and prediction per
     row; the floor charges each dtype's FLOPs at its own rate in ``rates`` (float32 and float64, by name), the floor
-    with operators adds ``operator_s`` (:func:`operator_seconds`) for each operator other than a view."""
+    with operators adds ``operator_s`` (:func:`operator_seconds`) for each operator other than a view.
+    ``operators`` counts a phase's whole call (the prediction of all 1,000 rows), where the seconds and FLOPs of
+    prediction are per row."""
     model, X, y, g = random_problem(case.method, case.n, case.d, case.options, getattr(torch, case.dtype))
     rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
     train_step = trainer_step(model, g)

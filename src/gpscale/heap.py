@@ -96,7 +96,8 @@ def hold_freed_heap():
     :data:`HELD_TRIM_THRESHOLD` within the block, so that each training step reuses the pages of the step before
     it; when the outermost such block ends, the trim threshold is :data:`TRIM_THRESHOLD` again and the heap's free
     memory goes back to the system. Sets :func:`keep_temporaries_on_heap`'s thresholds first; does nothing where
-    those are not gpscale's (off glibc, or the user's own settings)."""
+    those are not gpscale's (off glibc, or the user's own settings). The threshold is the process's: memory other
+    threads free meanwhile is held too, and a process forked inside the block starts with it raised."""
     global _holders
     held = keep_temporaries_on_heap()
     if held:

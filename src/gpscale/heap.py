@@ -36,7 +36,8 @@ import sys
 import threading
 from contextlib import contextmanager
 
-__all__ = ["keep_temporaries_on_heap", "hold_freed_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "HELD_TRIM_THRESHOLD"]
+__all__ = ["keep_temporaries_on_heap", "hold_freed_heap", "release_free_heap", "MMAP_THRESHOLD", "TRIM_THRESHOLD",
+           "HELD_TRIM_THRESHOLD"]
 
 # mallopt's parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -71,6 +72,13 @@ def _mallopt():
 def _malloc_trim():
     """glibc's ``malloc_trim``, or None off glibc."""
     return getattr(_libc(), "malloc_trim", None)
+
+
+def release_free_heap() -> None:
+    """Hand the heap's free memory back to the system (glibc's ``malloc_trim``); nothing off glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def keep_temporaries_on_heap() -> bool:
@@ -113,4 +121,4 @@ def hold_freed_heap():
                 _holders -= 1
                 if _holders == 0:
                     _mallopt()(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-                    _malloc_trim()(0)
+                    release_free_heap()

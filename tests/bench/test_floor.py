@@ -51,7 +51,7 @@ def test_operators_are_counted_but_not_views():
 
 
 def test_the_least_operator_time_is_microseconds():
-    assert 1e-8 < operator_seconds(calls=200, repeats=2) < 1e-3
+    assert 1e-8 < operator_seconds(calls=200, repeats=2) < 1e-4  # per call: 200 calls take longer than 1e-4 s
 
 
 def test_every_gradient_trained_method_has_a_small_and_a_paper_size():

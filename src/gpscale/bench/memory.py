@@ -1,26 +1,17 @@
 """Peak memory of a block of code: resident memory on the CPU, allocated memory on a CUDA device."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 from pathlib import Path
 
 import torch
 
+from ..heap import release_free_heap
+
 __all__ = ["PeakMemory"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _release_free_heap() -> None:
-    """Give memory freed by earlier runs back to the OS (glibc keeps it otherwise, which would hide a later run's
-    peak inside memory that is already resident)."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _status_kb(field: str) -> int | None:
@@ -51,7 +42,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
             return self
-        _release_free_heap()
+        release_free_heap()  # what earlier runs freed, which would hide this run's peak in resident memory
         self._base = _status_kb("VmRSS")
         self._sampler = None
         try:

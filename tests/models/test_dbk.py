@@ -15,7 +15,7 @@ import gpscale
 from gpscale import ExtrapolationWarning, GPClassifier, GPRegressor
 from gpscale.bench.memory import PeakMemory
 from gpscale.data import make_friedman1
-from gpscale.kernels import inverse_softplus
+from gpscale.kernels import deep_basis, inverse_softplus
 from gpscale.models import _weight_space, get_model_class
 from gpscale.models.svdbk import SVDBK
 from gpscale.kernels.deep_basis import DeepBasisKernel, ResidualLayer, Tanh, mlp, prior_variance, residual_mlp
@@ -669,8 +669,10 @@ def test_built_in_networks_are_wired_as_documented():
     torch.testing.assert_close(kernel.diag(X), kernel(X, X).diagonal())
 
 
+@pytest.mark.parametrize("sigmoid_form", [True, False])
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 3e-7), (F64, 1e-15)])
-def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol):
+def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol, sigmoid_form, monkeypatch):
+    monkeypatch.setattr(deep_basis, "cpu_tanh_is_slow", lambda: sigmoid_form)
     x = (4 * torch.randn(2000, dtype=F64, generator=torch.Generator().manual_seed(0))).to(dtype)
     x[:3] = torch.tensor([0.0, 40.0, -40.0])  # 0 and saturation
     ours, reference = (x.clone().requires_grad_() for _ in range(2))
@@ -680,6 +682,25 @@ def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol):
     (y * weights).sum().backward()
     (torch.tanh(reference) * weights).sum().backward()
     torch.testing.assert_close(ours.grad, reference.grad, rtol=0, atol=10 * atol)
+
+
+@pytest.mark.parametrize("mkl, allowed, intel_avx512, slow", [
+    (False, None, False, False),  # no MKL: torch's own vector tanh
+    (True, None, True, False),  # MKL's AVX-512 tanh
+    (True, "AVX512_E1", True, False),
+    (True, None, False, True),  # MKL's generic code (another vendor, or no AVX-512)
+    (True, "AVX2", True, True),  # MKL told not to use AVX-512
+    (True, "sse4_2", True, True),
+])
+def test_the_sigmoid_form_of_tanh_is_taken_where_mkl_does_not_run_its_avx512_tanh(monkeypatch, mkl, allowed,
+                                                                                   intel_avx512, slow):
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    monkeypatch.setattr(deep_basis, "_intel_with_avx512", lambda: intel_avx512)
+    if allowed is None:
+        monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    else:
+        monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", allowed)
+    assert deep_basis.cpu_tanh_is_slow.__wrapped__() is slow
 
 
 def test_defaults_follow_the_paper():

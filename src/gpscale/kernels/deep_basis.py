@@ -5,7 +5,11 @@ prior variance ``k(x, x) = ||phi(x)||^2`` depends on x. The models on it are :mo
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
+import platform
+import re
 
 import torch
 from torch import Tensor, nn
@@ -14,8 +18,8 @@ from torch.autograd.function import once_differentiable
 from ..linalg import squared_norms
 from .stationary import Kernel
 
-__all__ = ["DeepBasisKernel", "mlp", "residual_mlp", "ResidualLayer", "Tanh", "prior_variance", "ACTIVATIONS",
-           "NETWORKS", "DEFAULT_DEPTH"]
+__all__ = ["DeepBasisKernel", "mlp", "residual_mlp", "ResidualLayer", "Tanh", "cpu_tanh_is_slow", "prior_variance",
+           "ACTIVATIONS", "NETWORKS", "DEFAULT_DEPTH"]
 
 class _SigmoidTanh(torch.autograd.Function):
     """``tanh x = 2 sigmoid(2x) - 1``, with tanh's own backward ``grad (1 - y^2)``."""
@@ -34,13 +38,40 @@ class _SigmoidTanh(torch.autograd.Function):
 
 
 class Tanh(nn.Module):
-    """The hyperbolic tangent. On the CPU as ``2 sigmoid(2x) - 1``: torch's CPU tanh took 330 us on a [1,024, 128]
-    float32 matrix where this takes 90 (one thread, torch 2.13); its three layers were a fifth of an SVDBK step's
-    CPU time at the paper's sizes in a profile; the absolute error is below 2e-7 (torch's: 3e-8), a few units in the
-    last place of activations of order 1."""
+    """The hyperbolic tangent. On a CPU where torch's ``tanh`` runs slowly (:func:`cpu_tanh_is_slow`), as
+    ``2 sigmoid(2x) - 1``, with tanh's own backward; its absolute error is below 2e-7 (torch's: 3e-8), a few units in
+    the last place of activations of order 1."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return _SigmoidTanh.apply(x) if x.device.type == "cpu" else torch.tanh(x)
+        return _SigmoidTanh.apply(x) if x.device.type == "cpu" and cpu_tanh_is_slow() else torch.tanh(x)
+
+
+@functools.cache
+def cpu_tanh_is_slow() -> bool:
+    """Whether torch's CPU ``tanh`` is slower here than ``2 sigmoid(2x) - 1``: where it is Intel MKL's vector tanh
+    (torch built with MKL) and MKL does not run its AVX-512 code, which it runs only on Intel processors that have
+    AVX-512 and lets ``MKL_ENABLE_INSTRUCTIONS`` turn off. Decided from the processor, not timed, so that a model's
+    numbers do not depend on how busy the machine was when they were first computed.
+
+    Measured on a [1,024, 128] float32 matrix, one thread, torch 2.13: on an Intel Xeon with AVX-512, torch's tanh
+    took 50 us and the sigmoid form 149 (DBK's paper-size training step spent 9.8 ms of 67 in the sigmoid form's
+    passes); the same Xeon with ``MKL_ENABLE_INSTRUCTIONS=AVX2`` 199 against 140 us, with ``SSE4_2`` 338 against 148;
+    on an AMD EPYC (an earlier measurement) 330 against 90 us, as slow as MKL's SSE code on the Xeon."""
+    if not torch.backends.mkl.is_available():
+        return False
+    allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX512").upper()
+    return not (allowed.startswith("AVX512") and _intel_with_avx512())
+
+
+def _intel_with_avx512() -> bool:
+    """Whether the processor is an Intel one with the AVX-512 foundation instructions (Linux's /proc/cpuinfo;
+    elsewhere the platform's processor name and torch's vector capability)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            head = info.read(1 << 16)
+    except OSError:
+        return "intel" in platform.processor().lower() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return "GenuineIntel" in head and re.search(r"^flags\s*:.*\bavx512f\b", head, re.MULTILINE) is not None
 
 
 ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "gelu": nn.GELU}

@@ -231,6 +231,30 @@ def test_weighted_self_grams_equal_one_gram_matrix_per_set_in_value_and_gradient
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.parametrize("name", ["rbf", "matern12", "matern32", "matern52"])
+def test_weighted_grams_equal_a_weighted_sum_of_kernel_matrices_in_value_and_gradient(name):
+    """Stationary.weighted_grams (HVGP's sub-kernels against a batch: sum_s W[t, s] k(a_tsi, b_j), one call with
+    its own backward, which never forms dL/dK) against the base Kernel's kernel matrix and weighted sum, in value
+    and in the gradient of the points of both arguments and the hyperparameters, with weights of either sign."""
+    g = torch.Generator().manual_seed(6)
+    A = torch.randn(2, 4, 5, 3, dtype=torch.float64, generator=g, requires_grad=True)  # T = 2 groups of S = 4 sets
+    B = torch.randn(7, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(2, 4, dtype=torch.float64, generator=g)
+    k = with_params(make_kernel(name, 3).double(), LS, 2.5)
+    outer = torch.randn(2, 5, 7, dtype=torch.float64, generator=g)
+    wrt = [A, B, k.raw_lengthscale, k.raw_outputscale]
+    fused = k.weighted_grams(A, B, W)
+    summed = Kernel.weighted_grams(k, A, B, W)
+    torch.testing.assert_close(fused, summed, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(summed[1], sum(W[1, s] * k(A[1, s], B) for s in range(4)))
+    for a, b in zip(torch.autograd.grad((fused * outer).sum(), wrt),
+                    torch.autograd.grad((summed * outer).sum(), wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+    W.requires_grad_()  # a gradient the closed form does not give: the weighted sum's
+    (grad_W,) = torch.autograd.grad(k.weighted_grams(A, B, W).sum(), [W])
+    torch.testing.assert_close(grad_W[0, 1], k(A[0, 1], B).sum())
+
+
 def test_hyperparameters_stay_positive_under_any_raw_value():
     k = RBF(2)
     with torch.no_grad():

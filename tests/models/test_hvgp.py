@@ -319,8 +319,8 @@ def test_features_off_the_cpu_are_formed_in_fewer_chunks(monkeypatch):
     model.init(X, target(X), seed=0)
     monkeypatch.setattr("gpscale.models.hvgp.KUF_CHUNK_BYTES", 64 * model.features.action.order * 16 * 8)
     calls = []
-    forward = model.kernel.forward
-    model.kernel.forward = lambda X1, X2: calls.append(X2.shape[0]) or forward(X1, X2)
+    grams = model.kernel.weighted_grams
+    model.kernel.weighted_grams = lambda A, B, W: calls.append(B.shape[0]) or grams(A, B, W)
     model.features.Kuf(X)
     assert calls == [64] * 8  # a block a chunk on the CPU
     model.to("meta")

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import softplus
 
-from ..linalg import transposed_times
+from ..linalg import transposed_times, weighted_sum
 
 __all__ = ["Kernel", "Stationary", "RBF", "Matern", "Periodic", "Sum", "inverse_softplus", "median_distance",
-           "SOFTPLUS_ZERO", "underflow_cutoff"]
+           "SOFTPLUS_ZERO", "underflow_cutoff", "weighted_grams"]
 
 # The starting value of every positive hyperparameter (lengthscales, outputscale, noise): softplus(0) = ln 2, as
 # in GPyTorch. Measured on pol (SGPR, m=512, 50 Adam steps at lr 0.1): starting the noise at 0.1 instead ends in
@@ -70,6 +70,21 @@ class Kernel(nn.Module):
         them all in one call, with a backward of its own."""
         return torch.stack([(self(a, a) * weights).sum() for a in A])
 
+    def weighted_grams(self, A: Tensor, B: Tensor, weights: Tensor) -> Tensor:
+        """``sum_s W[t, s] k(a_tsi, b_j)`` [T, m, c] for T groups of S point sets A [T, S, m, d], points B [c, d] and
+        weights W [T, S] (HVGP's sub-kernels against a batch, from the orbits of each block's inducing points): one
+        kernel matrix and a weighted sum here (:func:`weighted_grams`); :class:`Stationary` takes them in one call,
+        with a backward of its own."""
+        return weighted_grams(self, A, B, weights)
+
+
+def weighted_grams(kernel, A: Tensor, B: Tensor, weights: Tensor) -> Tensor:
+    """:meth:`Kernel.weighted_grams` for any callable ``kernel(X1, X2) -> K``: K [T S m, c] and its weighted sum over
+    s, laid out [T, S, m c] so that the sum reads K's own memory."""
+    T, S, m, d = A.shape
+    K = kernel(A.reshape(T * S * m, d), B)
+    return weighted_sum(weights, K.view(T, S, m * B.shape[0])).view(T, m, B.shape[0])
+
 
 class Stationary(Kernel):
     """Shared machinery of kernels that depend on the scaled distance ``r`` only.
@@ -82,6 +97,8 @@ class Stationary(Kernel):
     """
 
     takes_batches = True
+    #: whether :meth:`weighted_slope` reads the kernel matrix K (else only the state :meth:`gram` returns with it)
+    slope_reads_gram: bool = True
 
     def __init__(self, n_features: int, ard: bool = True, lengthscale: float = SOFTPLUS_ZERO,
                  outputscale: float = SOFTPLUS_ZERO):
@@ -136,6 +153,12 @@ class Stationary(Kernel):
     def weighted_self_grams(self, A: Tensor, weights: Tensor) -> Tensor:
         ls = self.lengthscale.to(A.dtype)
         return _WeightedSelfGrams.apply(A / ls, weights, self.outputscale.to(A.dtype), self)
+
+    def weighted_grams(self, A: Tensor, B: Tensor, weights: Tensor) -> Tensor:
+        if weights.requires_grad:  # the closed form below has no gradient for the weights
+            return super().weighted_grams(A, B, weights)
+        ls = self.lengthscale.to(B.dtype)
+        return _WeightedGrams.apply(A / ls, B / ls, weights.to(B.dtype), self.outputscale.to(B.dtype), self)
 
     def diag(self, X: Tensor) -> Tensor:
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()
@@ -249,6 +272,52 @@ class _WeightedSelfGrams(torch.autograd.Function):
         return dA, dweights, dscale, None
 
 
+class _WeightedGrams(torch.autograd.Function):
+    """``V_t = sum_s W[t, s] K_ts`` [T, m, c], ``K_ts = s^2 g(||a_tsi - b_j||^2)``, for scaled inputs A [T, S, m, d],
+    B [c, d] and constant weights W [T, S], with the backward in closed form.
+
+    dL/dK_ts is ``W[t, s] dL/dV_t``: with H_ts formed from dL/dV_t broadcast over s (as :class:`_StationaryGram`'s
+    H, one pass over the [T, S, m, c] matrices, none to form dL/dK), the weights scale the rows of A's results and
+    of A: ``dL/dA_ts = 2 c W[t, s] (rowsum(H_ts) A_ts - H_ts B)``, ``dL/dB = 2 c sum_ts (colsum(W[t, s] H_ts) B -
+    H_ts^T W[t, s] A_ts)``, and ``dL/ds^2 = <dL/dV, V> / s^2``, a pass over the [T, m, c] output instead of the
+    kernel matrices. Only what the kernel's slope reads is kept for the backward (Matérn's, not the kernel matrix).
+    For HVGP's step at the floor protocol's paper size (1,024 rows, eight blocks of 256 points, orbits of eight) the
+    sum's backward formed dL/dK in a [8, 262,144] pass per block and <dL/dK, K> read the kernel matrices again.
+    """
+
+    @staticmethod
+    def forward(ctx, A: Tensor, B: Tensor, weights: Tensor, outputscale: Tensor, kernel: Stationary) -> Tensor:
+        T, S, m, d = A.shape
+        rows = A.reshape(T * S * m, d)
+        K, state = kernel.gram(rows, B, outputscale)
+        V = (weights.unsqueeze(-2) @ K.view(T, S, m * B.shape[0])).view(T, m, B.shape[0])
+        ctx.kernel, ctx.shape = kernel, (T, S, m, B.shape[0])
+        ctx.save_for_backward(rows, B, weights, outputscale, V, K if kernel.slope_reads_gram else None, *state)
+        return V
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        rows, B, weights, outputscale, V, K, *state = ctx.saved_tensors
+        need_A, need_B, _, need_scale, _ = ctx.needs_input_grad
+        T, S, m, c = ctx.shape
+        dA = dB = dscale = None
+        if need_scale:
+            dscale = torch.tensordot(grad, V, dims=3) / outputscale
+        if need_A or need_B:
+            by_set = (lambda t: None if t is None else t.view(T, S, m, c))
+            H, scale = ctx.kernel.weighted_slope(grad.unsqueeze(1), by_set(K), tuple(map(by_set, state)))
+            H = H.view(T * S * m, c)
+            row_weights = weights.unsqueeze(-1).expand(T, S, m).reshape(T * S * m, 1)  # W[t, s] on A_ts's rows
+            if need_A:
+                dA = (H.sum(-1, keepdim=True) * rows - H @ B).mul_(row_weights * (2.0 * scale)).view(T, S, m, -1)
+            if need_B:
+                weighted_rows = rows * row_weights
+                dB = (row_weights.T @ H).T * B - transposed_times(H, weighted_rows)
+                dB.mul_(2.0 * scale)
+        return dA, dB, None, dscale, None
+
+
 class RBF(Stationary):
     """Squared exponential: ``g = exp(-r^2 / 2)``, ``dg / d(r^2) = -g / 2``."""
 
@@ -269,6 +338,8 @@ class Matern(Stationary):
     - nu = 3/2: ``g = (1 + z) exp(-z)``
     - nu = 5/2: ``g = (1 + z + z^2 / 3) exp(-z)``
     """
+
+    slope_reads_gram = False
 
     def __init__(self, n_features: int, nu: float = 2.5, **kwargs):
         if nu not in (0.5, 1.5, 2.5):

@@ -23,7 +23,8 @@ from ..kernels import Kernel
 from ..kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
                                 Product, block_harmonic_grams, check_invariant, harmonic_gram, orbit_gram,
                                 pca_directions, subspace_negations)
-from ..linalg import solve_lower, weighted_sum
+from ..kernels.stationary import weighted_grams
+from ..linalg import solve_lower
 from ._variational import VariationalGP
 from .base import register
 from .inducing import InducingFeatures, kmeans_centers
@@ -117,13 +118,12 @@ class HarmonicFeatures(InducingFeatures):
         return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)
 
 
-def _weighted_orbit_gram(kernel: Kernel, X: Tensor, orbits: Tensor, W: Tensor) -> Tensor:
-    """``sum_s W[t, s] k(G^s Z_t, X)`` [T, m, c] from the orbits [T, S, m, d] of T blocks, in one kernel evaluation."""
-    T, S, m, d = orbits.shape
-    # laid out [T, S, m c], block t's weighted sum over s reads the kernel's own memory at any chunk size: laid out
-    # [c, T, S, m], a chunk of one block made it a broadcast product whose backward ran as some 8,000 copies and
-    # 25,000 selects a step
-    return weighted_sum(W, kernel(orbits.reshape(-1, d), X).view(T, S, m * X.shape[0])).view(T, m, X.shape[0])
+def _weighted_orbit_gram(kernel, X: Tensor, orbits: Tensor, W: Tensor) -> Tensor:
+    """``sum_s W[t, s] k(G^s Z_t, X)`` [T, m, c] from the orbits [T, S, m, d] of T blocks, in one kernel evaluation
+    (:meth:`~gpscale.kernels.Kernel.weighted_grams`; ``kernel`` may be :func:`kernel_on`'s copy on another device)."""
+    if isinstance(kernel, Kernel):
+        return kernel.weighted_grams(orbits, X, W)
+    return weighted_grams(kernel, orbits, X, W)
 
 
 def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:

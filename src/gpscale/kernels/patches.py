@@ -41,10 +41,12 @@ __all__ = ["PADDINGS", "PatchGeometry", "extract_patches", "ConvKernel", "tick_l
 PADDINGS = ("valid", "same")
 # the largest intermediate a chunked pass builds, in entries: 2^22 (32 MB in float64), as HVGP's chunks
 CHUNK_ENTRIES = 2**22
-# the patch Gram matrices [c, P, P] of one call in ConvKernel.diag, in entries: 2^18 (2 MB in float64), which stay in
-# cache through the element-wise passes; measured on 28 x 28 images (P = 576), a chunk of 12 images took 1.6 times
-# as long as one image a call
-DIAG_ENTRIES = 2**18
+# the patch Gram matrices [c, P, P] of one call in ConvKernel.diag, in entries: 2^21 (six 28 x 28 images, P = 576).
+# Measured with the closed-form backward of weighted_self_grams on a 2-core Intel Xeon (2 MB of L2 cache a core;
+# 64 images, float32, forward and backward, median of 9): one image a call 110-115 ms, three 95, six 82-85, twelve
+# 83, 25 102, all 64 136 ms; on one thread one image 169 ms, three to six 133-135, twelve 144. (An earlier
+# implementation, without that backward, on an AMD EPYC had run one image a call faster than twelve.)
+DIAG_ENTRIES = 2**21
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -325,7 +327,7 @@ class ConvKernel(Kernel):
 
     def diag(self, X: Tensor) -> Tensor:
         """``k(x, x) = w^T K_pp(x) w / P^2`` [n] from each image's [P, P] patch Gram matrix (the Gram matrices
-        differ between images, so this is the cost of the exact variance), c = max(1, 2^18 / P^2) images at a time
+        differ between images, so this is the cost of the exact variance), c = max(1, 2^21 / P^2) images at a time
         through the patch kernel's :meth:`~gpscale.kernels.Kernel.weighted_self_grams` with weights ``w w^T / P^2``
         (times k_loc(l, l) for TICK; one batched call with its own backward for a stationary kernel): memory
         O(c P^2)."""

@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
-from gpscale.bench.floor import (FLOOR_CASES, FloorCase, count_flops, count_flops_by_dtype, count_work,
-                                  floor_seconds, matmul_rate, measure, operator_seconds)
+from gpscale.bench.floor import (EPOCH_STEPS, FLOOR_CASES, FloorCase, count_flops, count_flops_by_dtype, count_work,
+                                  floor_seconds, matmul_rate, measure, operator_seconds, random_problem,
+                                  trainer_step)
 from gpscale.cli import main
 from gpscale.models import available_methods
 
@@ -67,6 +68,8 @@ def test_a_measurement_gives_flops_seconds_and_their_ratio_for_each_phase(case):
     row = measure(case, {"float32": matmul_rate(torch.float32, size=256), "float64": matmul_rate(F64, size=256)},
                   operator_s, repeats=2)
     assert row["rows per step"] == (64 if case.method == "svgp" else 300)
+    # a minibatch step is the mean of an epoch: as many batches as the 300 rows hold, at most EPOCH_STEPS
+    assert row["steps per epoch"] == (min(EPOCH_STEPS, 300 // 64) if case.method == "svgp" else 1)
     for phase, per in (("step", 1), ("posterior", 1), ("predict", 300)):
         numbers = row[phase]
         assert numbers["gflop"] > 0 and numbers["seconds"] > 0 and numbers["operators"] > 10
@@ -74,6 +77,22 @@ def test_a_measurement_gives_flops_seconds_and_their_ratio_for_each_phase(case):
         with_operators = numbers["floor_s"] + numbers["operators"] * operator_s / per
         assert numbers["operator floor_s"] == pytest.approx(with_operators)
         assert numbers["operator ratio"] == pytest.approx(numbers["seconds"] / numbers["operator floor_s"])
+
+
+def test_a_minibatch_step_is_the_mean_step_of_an_epoch():
+    """SoftKI's steps are alike in their work: the mean step of the measured epoch (four batches of 64 from 300 rows)
+    has the FLOPs and operators of an epoch of one step, but for the epoch's own bookkeeping, shared by its steps."""
+    case = FloorCase("softki", 300, 3, {"n_inducing": 20}, 64)
+    row = measure(case, {"float32": 1e10, "float64": 1e10}, 1e-6, repeats=1)
+    assert row["steps per epoch"] == 4
+    model, X, y, g = random_problem(case.method, case.n, case.d, case.options, torch.float32)
+    step = trainer_step(model, g)
+    one_step = count_work(lambda: step(X[:64], y[:64]))
+    four_steps = count_work(lambda: step(X[:256], y[:256], 64))
+    assert row["step"]["gflop"] * 1e9 == pytest.approx(sum(four_steps[0].values()) / 4)
+    assert sum(four_steps[0].values()) == pytest.approx(4 * sum(one_step[0].values()))
+    assert row["step"]["operators"] == pytest.approx(four_steps[1] / 4)
+    assert one_step[1] < row["step"]["operators"] * 1.5  # not four steps' operators charged to one
 
 
 def test_bench_protocol_floor_writes_its_table(tmp_path, capsys):

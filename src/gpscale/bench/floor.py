@@ -2,9 +2,9 @@
 
 For a method at a size (n rows of d features, its options, a batch of B rows for a minibatch method, a dtype) it
 counts the floating-point operations of one training step (loss, backward and optimiser step, as
-:func:`gpscale.train.fit` takes it), of the posterior fit and of predicting one row, by running each under a dispatch
-mode that counts them: every matrix product as torch counts it, plus the factorisations and solves that torch leaves
-out (:data:`LINALG_FLOPS`). Element-wise work (exp, softmax, the distances after their one product) is not counted,
+:func:`gpscale.train.fit` takes it; a minibatch model's is the mean step of an epoch of :data:`EPOCH_STEPS`), of the
+posterior fit and of predicting one row, by running each under a dispatch mode that counts them: every matrix
+product as torch counts it, plus the factorisations and solves that torch leaves out (:data:`LINALG_FLOPS`). Element-wise work (exp, softmax, the distances after their one product) is not counted,
 so time spent on it shows as a ratio above 1.
 
 The floor is those FLOPs at this machine's matrix-product rate, measured in the same run (a square product of 2,048
@@ -38,12 +38,15 @@ from ..heap import hold_freed_heap, keep_temporaries_on_heap
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective, adam
 
-__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
+__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "EPOCH_STEPS", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
            "count_flops_by_dtype", "count_work", "floor_seconds", "matmul_rate", "operator_seconds", "measure",
            "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
 
+# the steps of the epoch a minibatch model's step is measured in (the mean step of that epoch): enough that what
+# fit does once an epoch weighs about as little as in a real epoch's tens to thousands of steps
+EPOCH_STEPS = 8
 FLOOR_PROTOCOL = "floor"  # the name `gpscale bench --protocol` knows it by (it is a measurement, not a table)
 FLOOR_DESCRIPTION = ("FLOPs of one training step, the posterior fit and one prediction row of every method at a "
                      "small and its paper's size, over this machine's matrix-product rate (no data needed).")
@@ -238,14 +241,19 @@ def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats
     """FLOPs, operators, floors and measured seconds of ``case``'s training step, posterior fit and prediction per
     row; the floor charges each dtype's FLOPs at its own rate in ``rates`` (float32 and float64, by name), the floor
     with operators adds ``operator_s`` (:func:`operator_seconds`) for each operator other than a view.
-    ``operators`` counts a phase's whole call (the prediction of all 1,000 rows), where the seconds and FLOPs of
-    prediction are per row."""
+    A minibatch model's step is the mean of an epoch of ``steps per epoch`` steps (:data:`EPOCH_STEPS`, or as many
+    batches as the case's rows hold) in seconds, FLOPs and operators; ``operators`` of the prediction counts its
+    whole call (all 1,000 rows), where its seconds and FLOPs are per row."""
     model, X, y, g = random_problem(case.method, case.n, case.d, case.options, getattr(torch, case.dtype))
     rows = X.shape[0] if model.full_batch else min(case.batch_size, X.shape[0])
+    # a minibatch model's steps as an epoch of several takes them: what fit does once an epoch (a snapshot of the
+    # state to undo it by, the permutation, one read of the summed losses; a natural-gradient model's S^{-1} from
+    # q's factor) is shared as in an epoch of EPOCH_STEPS steps, not charged to every step
+    steps = 1 if model.full_batch else max(1, min(EPOCH_STEPS, X.shape[0] // rows))
     train_step = trainer_step(model, g)
 
     def step():
-        train_step(X[:rows], y[:rows])
+        train_step(X[:rows * steps], y[:rows * steps], rows)
 
     def posterior():
         with torch.no_grad():
@@ -258,10 +266,10 @@ def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats
             model.predict(Xs)
 
     out = {"method": case.method, "size": case.size, "n": case.n, "d": case.d, "rows per step": rows,
-           "dtype": case.dtype, "options": case.options}
+           "steps per epoch": steps, "dtype": case.dtype, "options": case.options}
     with hold_freed_heap():  # as in fit: each step reuses the pages of the step before it
         step()  # warm-up
-        for name, fn, per in (("step", step, 1), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
+        for name, fn, per in (("step", step, steps), ("posterior", posterior, 1), ("predict", predict, Xs.shape[0])):
             model.train(name == "step")  # prediction reads the posterior the phase before it fitted
             by_dtype, operators = count_work(fn)
             flops, floor = sum(by_dtype.values()), floor_seconds(by_dtype, rates)
@@ -270,7 +278,8 @@ def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats
             out[name] = {"gflop": flops / per / 1e9, "floor_s": floor / per, "seconds": seconds / per,
                          "ratio": seconds / floor if flops else math.inf,
                          "float64 share": by_dtype.get(torch.float64, 0) / flops if flops else 0.0,
-                         "operators": operators, "operator floor_s": with_operators / per,
+                         "operators": operators if name == "predict" else operators / per,
+                         "operator floor_s": with_operators / per,
                          "operator ratio": seconds / with_operators if with_operators else math.inf}
     return out
 
@@ -327,7 +336,7 @@ def floor_table(rows: list[dict], rates: dict[str, float], operator_s: float) ->
         s, p, q = r["step"], r["posterior"], r["predict"]
         lines.append(f"| {r['method']} | {r['size']} | {r['n']:,} | {r['d']} | {r['rows per step']:,} | "
                      f"{r['dtype']} | {s['gflop']:.3g} ({s['float64 share']:.0%}) | {s['floor_s'] * 1e3:.3g} ms | "
-                     f"{s['seconds'] * 1e3:.3g} ms | {s['ratio']:.1f} | {s['operators']:,} | "
+                     f"{s['seconds'] * 1e3:.3g} ms | {s['ratio']:.1f} | {s['operators']:,.0f} | "
                      f"{s['operator ratio']:.1f} | {p['gflop']:.3g} | {p['ratio']:.1f} | "
                      f"{q['gflop'] * 1e3:.3g} | {q['ratio']:.1f} |")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,9 @@ from sklearn.gaussian_process.kernels import Matern as SkMatern
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpscale.kernels import RBF, GPyTorchKernel, Kernel, Matern, Periodic, inverse_softplus, make_kernel
+from gpscale.kernels.grid import cross_factors, grid_points, pad_grids
+from gpscale.kernels.separable import ProductMatern
+from gpscale.kernels.stationary import underflow_cutoff
 
 LS = [0.7, 1.3, 0.4]
 
@@ -185,12 +188,50 @@ def test_the_additive_materns_factors_take_no_slow_numbers_far_apart(dtype):
     assert held[0, 0] == held[0, 1] and 0 < held[0, 0] < 1e-9
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_product_materns_product_of_many_held_factors_takes_no_slow_numbers(dtype):
+    """Five held factors multiply to tiny^(5/3), below the normal range: the product is held at tiny^(1/3) step by
+    step, flat there, and near points keep the product of their factors."""
+    g = torch.Generator().manual_seed(0)
+    spread = 2e4 if dtype == torch.float64 else 300.0
+    X1, X2 = (spread * torch.randn(n, 5, generator=g, dtype=dtype) for n in (40, 30))
+    k = ProductMatern(5, nu=1.5).to(dtype)
+    X1.requires_grad_(True)
+    with _SlowNumbers() as mode:
+        K = k(X1, X2)
+        grads = torch.autograd.grad(K.sum(), [X1, *k.parameters()])
+    assert mode.slow == [] and all(torch.isfinite(gr).all() for gr in grads)
+    assert (K.detach() == k.outputscale.detach() * math.exp(underflow_cutoff(dtype))).all()
+    near = torch.randn(6, 5, generator=g, dtype=dtype) * 0.3
+    torch.testing.assert_close(k(near, near), k.outputscale * k.factors(near, near).prod(0))
+
+
 def test_the_periodic_kernel_with_a_short_lengthscale_takes_no_slow_numbers():
     X = torch.rand(50, 26, generator=torch.Generator().manual_seed(0))
     k = Periodic(26, lengthscale=0.1)
     with _SlowNumbers() as mode:
         K = k(X, X)
     assert mode.slow == [] and torch.equal(K.diagonal(), k.diag(X)) and K.detach().min() > 0
+
+
+def test_gp_griefs_cross_factors_take_no_slow_numbers_and_hold_far_entries_flat():
+    """GP-GRIEF's [d, n, M] one-dimensional cross factors at a lengthscale short against the grid: no subnormal
+    number, no exponential below the normal range, far entries held at tiny^(1/3) with no gradient, near ones the
+    formula's."""
+    X = torch.linspace(-1, 1, 50, dtype=torch.float64).unsqueeze(-1).expand(50, 2).clone()
+    grid, sizes = pad_grids(grid_points(X, 10))
+    ls = torch.tensor([0.02], dtype=torch.float64, requires_grad=True)
+    with _SlowNumbers() as mode:
+        K = cross_factors(X, grid, sizes, ls, torch.tensor(1.0, dtype=torch.float64))
+        (grad,) = torch.autograd.grad(K.sum(), [ls], retain_graph=True)
+    assert mode.slow == [] and torch.isfinite(grad)
+    exact = torch.exp(-0.5 * ((X[:, 0, None] - grid[0]) / 0.02) ** 2)
+    held = exact < math.exp(underflow_cutoff(torch.float64))
+    assert held.any() and (~held).any()
+    torch.testing.assert_close(K[0][~held], exact[~held].detach())
+    assert (K[0][held] == math.exp(underflow_cutoff(torch.float64))).all()
+    far = K[0][held].sum()
+    assert torch.autograd.grad(far, [ls], allow_unused=True, materialize_grads=True)[0] == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -243,7 +243,17 @@ class ProductMatern(_SeparableMatern):
         return softplus(self.raw_outputscale)
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
-        return self.outputscale.to(X1.dtype) * self.factors(X1, X2).prod(0)
+        """Each factor is at least ``tiny^(1/3)`` (its difference held, :func:`_differences`), so a product of
+        three is a normal number; with more, the product is held at ``tiny^(1/3)`` after each multiplication, so
+        that none of its steps returns a subnormal number (slow on x86 processors, see
+        :func:`~gpscale.kernels.stationary.underflow_cutoff`; a held entry is flat)."""
+        factors = self.factors(X1, X2)
+        if len(factors) <= 3:
+            return self.outputscale.to(X1.dtype) * factors.prod(0)
+        K, held = factors[0], math.exp(underflow_cutoff(X1.dtype))
+        for factor in factors[1:]:
+            K = (K * factor).clamp_min_(held)
+        return self.outputscale.to(X1.dtype) * K
 
     def diag(self, X: Tensor) -> Tensor:
         return self.outputscale.to(X.dtype).expand(X.shape[0]).clone()

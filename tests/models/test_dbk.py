@@ -677,6 +677,7 @@ def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol, sigmoid_
     x[:3] = torch.tensor([0.0, 40.0, -40.0])  # 0 and saturation
     ours, reference = (x.clone().requires_grad_() for _ in range(2))
     y = Tanh()(ours)
+    assert ("SigmoidTanh" in type(y.grad_fn).__name__) is sigmoid_form  # the form the decision picked ran
     torch.testing.assert_close(y, torch.tanh(reference), rtol=0, atol=atol)
     weights = torch.randn(2000, dtype=dtype, generator=torch.Generator().manual_seed(1))
     (y * weights).sum().backward()
@@ -691,6 +692,7 @@ def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol, sigmoid_
     (True, None, False, True),  # MKL's generic code (another vendor, or no AVX-512)
     (True, "AVX2", True, True),  # MKL told not to use AVX-512
     (True, "sse4_2", True, True),
+    (True, " avx512 ", True, False),  # read as written, whitespace aside
 ])
 def test_the_sigmoid_form_of_tanh_is_taken_where_mkl_does_not_run_its_avx512_tanh(monkeypatch, mkl, allowed,
                                                                                    intel_avx512, slow):
@@ -701,6 +703,19 @@ def test_the_sigmoid_form_of_tanh_is_taken_where_mkl_does_not_run_its_avx512_tan
     else:
         monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", allowed)
     assert deep_basis.cpu_tanh_is_slow.__wrapped__() is slow
+
+
+@pytest.mark.parametrize("vendor, flags, expected", [
+    ("GenuineIntel", "fpu sse4_2 avx2 avx512f avx512dq", True),
+    ("GenuineIntel", "fpu sse4_2 avx2", False),  # an Intel processor without AVX-512
+    ("AuthenticAMD", "fpu sse4_2 avx2 avx512f", False),  # AVX-512, but MKL takes its generic code
+    ("GenuineIntel", "fpu avx512fp16 avx2", False),  # a longer flag is not avx512f
+])
+def test_the_processor_is_read_from_cpuinfo(tmp_path, vendor, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 6\nflags\t\t: {flags}\n\n"
+                       f"processor\t: 1\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    assert deep_basis._intel_with_avx512(str(cpuinfo)) is expected
 
 
 def test_defaults_follow_the_paper():

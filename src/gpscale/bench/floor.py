@@ -2,10 +2,11 @@
 
 For a method at a size (n rows of d features, its options, a batch of B rows for a minibatch method, a dtype) it
 counts the floating-point operations of one training step (loss, backward and optimiser step, as
-:func:`gpscale.train.fit` takes it; a minibatch model's is the mean step of an epoch of :data:`EPOCH_STEPS`), of the
-posterior fit and of predicting one row, by running each under a dispatch mode that counts them: every matrix
-product as torch counts it, plus the factorisations and solves that torch leaves out (:data:`LINALG_FLOPS`). Element-wise work (exp, softmax, the distances after their one product) is not counted,
-so time spent on it shows as a ratio above 1.
+:func:`gpscale.train.fit` takes it; a minibatch model's is the mean step of an epoch of up to :data:`EPOCH_STEPS`),
+of the posterior fit and of predicting one row, by running each under a dispatch mode that counts them: every
+matrix product as torch counts it, plus the factorisations and solves that torch leaves out (:data:`LINALG_FLOPS`).
+Element-wise work (exp, softmax, the distances after their one product) is not counted, so time spent on it shows
+as a ratio above 1.
 
 The floor is those FLOPs at this machine's matrix-product rate, measured in the same run (a square product of 2,048
 rows, the best of five) in float32 and float64: each operator's FLOPs at the rate of the dtype it computes in, so a
@@ -38,9 +39,9 @@ from ..heap import hold_freed_heap, keep_temporaries_on_heap
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective, adam
 
-__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "EPOCH_STEPS", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS", "count_flops",
-           "count_flops_by_dtype", "count_work", "floor_seconds", "matmul_rate", "operator_seconds", "measure",
-           "floor_table", "run_floor", "random_problem", "trainer_step"]
+__all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "EPOCH_STEPS", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS",
+           "count_flops", "count_flops_by_dtype", "count_work", "floor_seconds", "matmul_rate", "operator_seconds",
+           "measure", "floor_table", "run_floor", "random_problem", "trainer_step"]
 
 aten = torch.ops.aten
 

@@ -57,17 +57,18 @@ def cpu_tanh_is_slow() -> bool:
     took 50 us and the sigmoid form 149 (DBK's paper-size training step spent 9.8 ms of 67 in the sigmoid form's
     passes); the same Xeon with ``MKL_ENABLE_INSTRUCTIONS=AVX2`` 199 against 140 us, with ``SSE4_2`` 338 against 148;
     on an AMD EPYC (an earlier measurement) 330 against 90 us, as slow as MKL's SSE code on the Xeon."""
-    if not torch.backends.mkl.is_available():
+    if not torch.backends.mkl.is_available() or platform.system() == "Darwin":  # no MKL vector math on macOS
         return False
-    allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX512").upper()
+    allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX512").strip().upper()
     return not (allowed.startswith("AVX512") and _intel_with_avx512())
 
 
-def _intel_with_avx512() -> bool:
-    """Whether the processor is an Intel one with the AVX-512 foundation instructions (Linux's /proc/cpuinfo;
-    elsewhere the platform's processor name and torch's vector capability)."""
+def _intel_with_avx512(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the processor is an Intel one with the AVX-512 foundation instructions (Linux's /proc/cpuinfo, whose
+    first processor's block, a few KB, names both; elsewhere the platform's processor name and torch's vector
+    capability)."""
     try:
-        with open("/proc/cpuinfo") as info:
+        with open(cpuinfo) as info:
             head = info.read(1 << 16)
     except OSError:
         return "intel" in platform.processor().lower() and torch.backends.cpu.get_cpu_capability() == "AVX512"

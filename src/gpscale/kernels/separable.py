@@ -244,11 +244,12 @@ class ProductMatern(_SeparableMatern):
 
     def forward(self, X1: Tensor, X2: Tensor) -> Tensor:
         """Each factor is at least ``tiny^(1/3)`` (its difference held, :func:`_differences`), so a product of
-        three is a normal number; with more, the product is held at ``tiny^(1/3)`` after each multiplication, so
-        that none of its steps returns a subnormal number (slow on x86 processors, see
-        :func:`~gpscale.kernels.stationary.underflow_cutoff`; a held entry is flat)."""
+        two, ``tiny^(2/3)``, is a normal number even times an outputscale; with more, the product is held at
+        ``tiny^(1/3)`` after each multiplication, so that none of its steps returns a subnormal number (slow on x86
+        processors, see :func:`~gpscale.kernels.stationary.underflow_cutoff`; a held entry is flat): three held
+        factors multiply to about ``tiny``, and times an outputscale below 1 to a subnormal number."""
         factors = self.factors(X1, X2)
-        if len(factors) <= 3:
+        if len(factors) <= 2:
             return self.outputscale.to(X1.dtype) * factors.prod(0)
         K, held = factors[0], math.exp(underflow_cutoff(X1.dtype))
         for factor in factors[1:]:

@@ -193,9 +193,9 @@ def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0, bound: float | None = Non
     broadcast, then the column norms added in place), [2,048, 1,024] distances of 26 features took 1.3 to 1.5 ms and
     now take 1.1 to 1.2 (float32, two threads, an Intel Xeon; one thread 2.4 -> 1.45 ms; 2,000 points of 8 features
     against themselves 2.0 -> 1.1 ms), equal to the bit in those tests; tiny ones ([256, 128]) take 10 us longer
-    (the augmented rows are four more operators). Clamped at 0 against round-off, which can leave a squared distance below 0 (so that the kernel's
-    value there is its value at distance 0), and at ``bound`` (where a kernel's value is held,
-    :func:`underflow_cutoff`) on the other side, in the same pass. Where B is A (points against themselves) the
+    (the augmented rows are four more operators). Clamped at 0 against round-off, which can leave a squared
+    distance below 0 (so that the kernel's value there is its value at distance 0), and at ``bound`` (where a
+    kernel's value is held, :func:`underflow_cutoff`) on the other side, in the same pass. Where B is A (points against themselves) the
     diagonal is 0 exactly: the expanded form leaves about eps |a|^2 there, whose root (Matérn's distance) is some
     1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative in float64."""
     norms_A = (A * A).sum(-1, keepdim=True)
@@ -300,7 +300,7 @@ class _WeightedGrams(torch.autograd.Function):
         rows = A.reshape(T * S * m, d)
         K, state = kernel.gram(rows, B, outputscale)
         V = (weights.unsqueeze(-2) @ K.view(T, S, m * B.shape[0])).view(T, m, B.shape[0])
-        ctx.kernel, ctx.shape = kernel, (T, S, m, B.shape[0])
+        ctx.kernel, ctx.shape = kernel, (T, S, m, B.shape[0], d)
         ctx.save_for_backward(rows, B, weights, outputscale, V, K if kernel.slope_reads_gram else None, *state)
         return V
 
@@ -309,7 +309,8 @@ class _WeightedGrams(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         rows, B, weights, outputscale, V, K, *state = ctx.saved_tensors
         need_A, need_B, _, need_scale, _ = ctx.needs_input_grad
-        T, S, m, c = ctx.shape
+        T, S, m, c, d = ctx.shape
+        grad = grad.contiguous()  # H takes grad's layout, and is viewed [T S m, c] below (a transposed V's is not)
         dA = dB = dscale = None
         if need_scale:
             dscale = torch.tensordot(grad, V, dims=3) / outputscale
@@ -319,7 +320,7 @@ class _WeightedGrams(torch.autograd.Function):
             H = H.view(T * S * m, c)
             row_weights = weights.unsqueeze(-1).expand(T, S, m).reshape(T * S * m, 1)  # W[t, s] on A_ts's rows
             if need_A:
-                dA = (H.sum(-1, keepdim=True) * rows - H @ B).mul_(row_weights * (2.0 * scale)).view(T, S, m, -1)
+                dA = (H.sum(-1, keepdim=True) * rows - H @ B).mul_(row_weights * (2.0 * scale)).view(T, S, m, d)
             if need_B:
                 weighted_rows = rows * row_weights
                 dB = (row_weights.T @ H).T * B - transposed_times(H, weighted_rows)

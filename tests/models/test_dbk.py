@@ -697,6 +697,7 @@ def test_the_tanh_activation_is_tanh_in_value_and_gradient(dtype, atol, sigmoid_
 def test_the_sigmoid_form_of_tanh_is_taken_where_mkl_does_not_run_its_avx512_tanh(monkeypatch, mkl, allowed,
                                                                                    intel_avx512, slow):
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    monkeypatch.setattr(deep_basis.platform, "system", lambda: "Linux")
     monkeypatch.setattr(deep_basis, "_intel_with_avx512", lambda: intel_avx512)
     if allowed is None:
         monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)

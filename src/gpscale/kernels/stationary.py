@@ -195,9 +195,9 @@ def _sq_dist(A: Tensor, B: Tensor, scale: float = 1.0, bound: float | None = Non
     against themselves 2.0 -> 1.1 ms), equal to the bit in those tests; tiny ones ([256, 128]) take 10 us longer
     (the augmented rows are four more operators). Clamped at 0 against round-off, which can leave a squared
     distance below 0 (so that the kernel's value there is its value at distance 0), and at ``bound`` (where a
-    kernel's value is held, :func:`underflow_cutoff`) on the other side, in the same pass. Where B is A (points against themselves) the
-    diagonal is 0 exactly: the expanded form leaves about eps |a|^2 there, whose root (Matérn's distance) is some
-    1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative in float64."""
+    kernel's value is held, :func:`underflow_cutoff`) on the other side, in the same pass. Where B is A (points
+    against themselves) the diagonal is 0 exactly: the expanded form leaves about eps |a|^2 there, whose root
+    (Matérn's distance) is some 1e-8 |a|: Matérn-1/2's k(a, a) missed s^2 by up to 5e-7 relative in float64."""
     norms_A = (A * A).sum(-1, keepdim=True)
     norms_B = norms_A if B is A else (B * B).sum(-1, keepdim=True)
     rows = torch.cat([A, norms_A * scale, torch.full_like(norms_A, scale)], -1)

@@ -54,8 +54,9 @@ def cpu_tanh_is_slow() -> bool:
     numbers do not depend on how busy the machine was when they were first computed.
 
     Measured on a [1,024, 128] float32 matrix, one thread, torch 2.13: on an Intel Xeon with AVX-512, torch's tanh
-    took 50 us and the sigmoid form 149 (DBK's paper-size training step spent 9.8 ms of 67 in the sigmoid form's
-    passes); the same Xeon with ``MKL_ENABLE_INSTRUCTIONS=AVX2`` 199 against 140 us, with ``SSE4_2`` 338 against 148;
+    took 50 us and the sigmoid form 149 (timed under a dispatch mode, DBK's paper-size training step spent 9.8 ms in
+    the sigmoid form's passes; with torch's tanh its step went from 73 to 68-69 ms); the same Xeon with
+    ``MKL_ENABLE_INSTRUCTIONS=AVX2`` 199 against 140 us, with ``SSE4_2`` 338 against 148;
     on an AMD EPYC (an earlier measurement) 330 against 90 us, as slow as MKL's SSE code on the Xeon."""
     if not torch.backends.mkl.is_available() or platform.system() == "Darwin":  # no MKL vector math on macOS
         return False

@@ -233,14 +233,14 @@ def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
     assert M.grad.is_contiguous()  # the gradient comes back in M's own layout
 
 
-@pytest.mark.parametrize("shape", [(7, 3), (2, 5, 3)])
-def test_squared_norms_and_their_backward_are_the_rows_sums_of_squares(shape, monkeypatch):
-    """In blocks of 2 rows (so that several blocks and a short last one are summed): the value is (M * M).sum(-1)
-    and the backward 2 g M, checked by finite differences."""
+@pytest.mark.parametrize("shape, dim", [((7, 3), -1), ((2, 5, 3), -1), ((2, 5, 3), 2), ((2, 5, 3), -2), ((4, 3), 0)])
+def test_squared_norms_and_their_backward_are_the_sums_of_squares_along_an_axis(shape, dim, monkeypatch):
+    """In blocks of 2 rows along the last axis (so that several blocks and a short last one are summed): the value
+    is (M * M).sum(dim) and the backward 2 g M, checked by finite differences."""
     monkeypatch.setattr(linalg, "_NORM_ROWS", 2)
     M = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(squared_norms(M), (M * M).sum(-1), rtol=1e-14, atol=0)
-    assert torch.autograd.gradcheck(squared_norms, (M,))
+    torch.testing.assert_close(squared_norms(M, dim), (M * M).sum(dim), rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(lambda M: squared_norms(M, dim), (M,))
 
 
 @pytest.mark.parametrize("m, block", [(1, 4), (5, 4), (37, 4), (300, 128)])

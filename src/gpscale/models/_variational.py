@@ -29,7 +29,16 @@ import torch
 from torch import Tensor, nn
 
 from ..distributed import LOCAL, Comm
-from ..linalg import CORE, cholesky, lower_transpose_product, solve_lower, tril_outer, weighted_sum, whiten
+from ..linalg import (
+    CORE,
+    cholesky,
+    lower_transpose_product,
+    solve_lower,
+    squared_norms,
+    tril_outer,
+    weighted_sum,
+    whiten,
+)
 from ..options import check_options
 from ._gaussian_q import gauss_kl_whitened, natural_gradient_update, projected_moments, warn_skipped_step
 from ._unwhitened import UnwhitenedQ
@@ -230,7 +239,7 @@ class VariationalGP(UnwhitenedQ, GPModel):
         if self.n_latent > 1:
             A = A.unsqueeze(-3)  # shared by the C latent functions: [(T,) 1, m, c]
         SA = lower_transpose_product(q_sqrt.to(A.dtype), A)  # S^T L^{-1} Kuf, [(T,) (C,) m, c]
-        moments = (mean, (SA * SA).sum(-2), (A * A).sum(-2) if nystrom else None)
+        moments = (mean, squared_norms(SA, -2), squared_norms(A, -2) if nystrom else None)
         return moments if self.blocks is None else tuple(None if t is None else t.sum(0) for t in moments)
 
     def marginals(self, Kff_diag: Tensor | None, mean: Tensor, variance: Tensor,

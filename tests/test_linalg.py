@@ -233,7 +233,8 @@ def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
     assert M.grad.is_contiguous()  # the gradient comes back in M's own layout
 
 
-@pytest.mark.parametrize("shape, dim", [((7, 3), -1), ((2, 5, 3), -1), ((2, 5, 3), 2), ((2, 5, 3), -2), ((4, 3), 0)])
+@pytest.mark.parametrize("shape, dim", [((7, 3), -1), ((2, 5, 3), -1), ((2, 5, 3), 2), ((2, 5, 3), -2), ((4, 3), 0),
+                                        ((2, 5, 3), 1), ((2, 3, 4, 5), -3), ((5,), 0), ((3, 0), -1), ((0, 3), -1)])
 def test_squared_norms_and_their_backward_are_the_sums_of_squares_along_an_axis(shape, dim, monkeypatch):
     """In blocks of 2 rows along the last axis (so that several blocks and a short last one are summed): the value
     is (M * M).sum(dim) and the backward 2 g M, checked by finite differences."""

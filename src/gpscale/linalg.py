@@ -320,7 +320,7 @@ class _SquaredNorms(torch.autograd.Function):
         ctx.dim = dim
         if dim not in (-1, M.dim() - 1):
             return (M * M).sum(dim)
-        rows = M.reshape(-1, M.shape[-1])
+        rows = M.reshape(M.shape[:-1].numel(), M.shape[-1])
         out = rows.new_empty(rows.shape[0])
         for block, norms in zip(rows.split(_NORM_ROWS), out.split(_NORM_ROWS)):
             torch.sum(block * block, dim=-1, out=norms)

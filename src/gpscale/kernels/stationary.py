@@ -217,8 +217,9 @@ def _distance_gradient(H: Tensor, X: Tensor, Y: Tensor, weights: Tensor | None =
     n1 x n2 matrix once more, and so did a product of H with the weights alone: for HVGP's [2,048, 1,024] float32
     blocks, 0.25 to 0.3 ms each under a dispatch mode, where the product's extra column costs about nothing (it
     reads H once either way)."""
-    ones = torch.ones_like(Y[..., :1]) if weights is None else weights
-    augmented = torch.cat([Y if weights is None else Y * weights, ones], -1)
+    augmented = torch.cat([Y, torch.ones_like(Y[..., :1])], -1)
+    if weights is not None:
+        augmented.mul_(weights)
     product = transposed_times(H, augmented) if transposed else H @ augmented
     return product[..., -1:] * X - product[..., :-1]
 
@@ -233,8 +234,8 @@ class _StationaryGram(torch.autograd.Function):
     polynomial) and takes a pass over each on the way back: for the kernel matrices that dominate an HVGP or SVGP
     step (a batch against every inducing point of every orbit), element-wise work is most of the time. Here the
     output K is saved in place of g (g = K / s^2), the scalars c and s^2 are applied to [n, d] results, and the
-    backward reads n1 x n2 matrices only to form H, its row and column sums and <dL/dK, K>, besides the two
-    products.
+    backward reads n1 x n2 matrices only to form H and <dL/dK, K>, besides the two products (whose extra column
+    gives H's row and column sums, :func:`_distance_gradient`).
     """
 
     @staticmethod

@@ -12,6 +12,7 @@ from torch.nn import functional
 import gpscale
 from gpscale import GPClassifier
 from gpscale.models import get_model_class
+from gpscale.models import deep_conv
 from gpscale.models.deep_conv import matrix_normal_kl, row_noise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -175,6 +176,17 @@ def test_a_rows_draws_depend_on_the_row_alone():
     torch.testing.assert_close(row_noise(X[[3, 1]], 11, 6), noise[[3, 1]], rtol=0, atol=0)
     torch.testing.assert_close(row_noise(X.float(), 11, 6), noise, rtol=0, atol=0)  # float32 draws alike
     assert not torch.equal(row_noise(X, 12, 6), noise)  # another key, other draws
+
+
+@pytest.mark.parametrize("block", [1, 1_500, 10_000])
+def test_a_rows_draws_are_the_same_in_any_blocks(monkeypatch, block):
+    """On a CPU the draws are made in blocks of columns (NOISE_BLOCK numbers, at least 256 columns): blocks of 256
+    columns and a short last one, or one block, give the same numbers; no columns, none."""
+    X = torch.randn(3, 7, generator=torch.Generator().manual_seed(5), dtype=F64)
+    whole = row_noise(X, 11, 1_000)
+    monkeypatch.setattr(deep_conv, "NOISE_BLOCK", block)
+    torch.testing.assert_close(row_noise(X, 11, 1_000), whole, rtol=0, atol=0)
+    assert row_noise(X, 11, 0).shape == (3, 0)
 
 
 # --- through the estimator ----------------------------------------------------------------------------------------

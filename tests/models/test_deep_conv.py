@@ -3,6 +3,8 @@ KL is the dense Gaussian KL; a hidden layer's mean is its input through the iden
 here by torch); the doubly stochastic ELBO estimator is unbiased for the ELBO computed by brute-force sampling of
 every layer's inducing outputs; the draws of a row depend on the row alone; a 2-layer classifier learns where a
 square lies and saves; bad options are refused with the option and a remedy."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -178,14 +180,64 @@ def test_a_rows_draws_depend_on_the_row_alone():
     assert not torch.equal(row_noise(X, 12, 6), noise)  # another key, other draws
 
 
-@pytest.mark.parametrize("block", [1, 1_500, 10_000])
-def test_a_rows_draws_are_the_same_in_any_blocks(monkeypatch, block):
-    """On a CPU the draws are made in blocks of columns (NOISE_BLOCK numbers, at least 256 columns): blocks of 256
-    columns and a short last one, or one block, give the same numbers; no columns, none."""
+def test_the_hash_is_its_definition_mod_the_prime_where_an_xor_shift_lands_on_the_prime():
+    """_mix takes the xor-shifts mod the prime by one comparison at its end (a shift of a residue is at most the
+    prime itself, and the next round's product reads the prime as 0): equal to the definition with ``% prime``
+    after every step, on random residues and on inputs whose xor-shift in one of the rounds is the prime exactly
+    (found by running the rounds backwards from 2,147,418,113, whose shift is 2^31 - 1)."""
+    prime, rounds = deep_conv._PRIME, deep_conv._ROUNDS
+
+    def definition(x):
+        for a in rounds:
+            x = (x * a + 12345) % prime
+            x = (x ^ (x >> 15)) % prime
+        return x
+
+    def input_whose_round_lands(last: int) -> int:  # rounds 0..last, the last one's shift landing on the prime
+        x = (2_147_418_113 - 12345) * pow(rounds[last], -1, prime) % prime
+        for a in reversed(rounds[:last]):
+            unshifted = x ^ (x >> 15) ^ (x >> 30)  # the xor-shift's inverse on 31 bits
+            x = (unshifted - 12345) * pow(a, -1, prime) % prime
+        return x
+
+    landing = [input_whose_round_lands(k) for k in range(len(rounds))]
+    for k, x in enumerate(landing):
+        for a in rounds[:k + 1]:
+            residue = (x * a + 12345) % prime
+            x = residue ^ (residue >> 15)
+        assert x == prime  # its shift in round k is the prime
+    x = torch.cat([torch.randint(0, prime, (10_000,), generator=torch.Generator().manual_seed(6)),
+                   torch.tensor([0, 1, prime - 1, *landing])])
+    assert torch.equal(deep_conv._mix(x), definition(x))
+
+
+def _row_noise_by_definition(X, key, size):
+    """row_noise as defined: the hash with ``% prime`` after every step, [n, 2 size] uniforms in one block, then
+    Box-Muller."""
+    prime = deep_conv._PRIME
+
+    def mix(x):
+        for a in deep_conv._ROUNDS:
+            x = (x * a + 12345) % prime
+            x = (x ^ (x >> 15)) % prime
+        return x
+
+    bits = X.to(torch.float32).contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    rows = mix((((bits % prime) * mix(torch.arange(1, X.shape[1] + 1))) % prime).sum(-1) % prime)
+    rows = mix((rows + key) % prime)
+    u = (mix((rows.unsqueeze(-1) + mix(torch.arange(2 * size))) % prime).to(F64) + 0.5) / prime
+    return (-2.0 * u[:, :size].log()).sqrt() * torch.cos(2.0 * math.pi * u[:, size:])
+
+
+@pytest.mark.parametrize("block", [1, 1_200, None])
+def test_a_rows_draws_are_their_definition_in_any_blocks(monkeypatch, block):
+    """On a CPU the draws are made in blocks of columns (NOISE_BLOCK numbers, at least 256 columns): in blocks of 256
+    columns and a short last one, of 400 columns and a short last one, or in one block, they are the numbers of the
+    definition to the bit; no columns, none."""
     X = torch.randn(3, 7, generator=torch.Generator().manual_seed(5), dtype=F64)
-    whole = row_noise(X, 11, 1_000)
-    monkeypatch.setattr(deep_conv, "NOISE_BLOCK", block)
-    torch.testing.assert_close(row_noise(X, 11, 1_000), whole, rtol=0, atol=0)
+    if block is not None:
+        monkeypatch.setattr(deep_conv, "NOISE_BLOCK", block)
+    torch.testing.assert_close(row_noise(X, 11, 1_000), _row_noise_by_definition(X, 11, 1_000), rtol=0, atol=0)
     assert row_noise(X, 11, 0).shape == (3, 0)
 
 

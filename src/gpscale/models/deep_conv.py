@@ -91,17 +91,23 @@ def matrix_normal_kl(q_mu: Tensor, L_in: Tensor, L_out: Tensor) -> Tensor:
     return 0.5 * (trace.sum() + (q_mu**2).sum() - q_mu.numel() - logdet.sum())
 
 
-# a prime below 2^31: the product of two residues stays below 2^62, so the hashes' int64 arithmetic never overflows
+# a prime below 2^31: a residue (or the prime) times a multiplier stays below 2^62: int64 arithmetic never overflows
 _PRIME = 2_147_483_647
 _ROUNDS = (1_103_515_245, 1_664_525_013, 2_013_314_713)  # multipliers of the hash's rounds, residues mod _PRIME
+# numbers a block of row_noise on a CPU: [64, 28,800] draws 129-132 -> 60-65 ms (two threads; blocks of 32,768,
+# torch's grain below which an operator runs on one thread, took 117 ms, and of 262,144 77 to 82)
+NOISE_BLOCK = 65_536
 
 
 def _mix(x: Tensor) -> Tensor:
-    """An elementwise hash of int64 residues mod _PRIME: rounds of a multiplication mod _PRIME and an xor-shift."""
+    """An elementwise hash of int64 residues mod _PRIME: rounds of a multiplication mod _PRIME and an xor-shift
+    taken mod _PRIME. The xor-shift of a residue (below 2^31) is at most 2^31 - 1 = _PRIME, so its residue is itself
+    but at _PRIME, which is 0: the next round's product does not tell them apart, and after the last round one
+    comparison sets it, where an integer division a round took longer (row_noise's draw 61 -> 46-48 ms)."""
     for a in _ROUNDS:
         x = (x * a + 12345) % _PRIME
-        x = (x ^ (x >> 15)) % _PRIME
-    return x
+        x = x ^ (x >> 15)
+    return x.masked_fill_(x == _PRIME, 0)
 
 
 def row_noise(X: Tensor, key: int | Tensor, size: int) -> Tensor:
@@ -116,7 +122,7 @@ def row_noise(X: Tensor, key: int | Tensor, size: int) -> Tensor:
     rows = _mix((rows + key) % _PRIME)
     index = _mix(torch.arange(2 * size, device=X.device))  # [2 size]
     noise = torch.empty(X.shape[0], size, dtype=torch.float64, device=X.device)
-    # on a CPU in blocks of about NOISE_BLOCK numbers, so that the hash's eighteen int64 passes stay in cache
+    # on a CPU in blocks of about NOISE_BLOCK numbers, so that the hash's int64 passes stay in cache
     width = size if X.device.type != "cpu" else min(size, max(256, NOISE_BLOCK // max(1, X.shape[0])))
     for start in range(0, size, max(1, width)):
         columns = slice(start, min(size, start + width))
@@ -124,9 +130,6 @@ def row_noise(X: Tensor, key: int | Tensor, size: int) -> Tensor:
         torch.mul((-2.0 * radius.log()).sqrt(), torch.cos(2.0 * math.pi * angle), out=noise[:, columns])
     return noise
 
-
-NOISE_BLOCK = 65_536  # numbers a block on a CPU: [64, 28,800] draws 129-132 -> 60-65 ms (two threads; blocks of
-# 32,768, torch's grain below which an operator runs on one thread, took 117, and 262,144 77 to 82)
 
 
 def _uniforms(rows: Tensor, index: Tensor) -> Tensor:

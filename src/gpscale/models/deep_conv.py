@@ -131,7 +131,6 @@ def row_noise(X: Tensor, key: int | Tensor, size: int) -> Tensor:
     return noise
 
 
-
 def _uniforms(rows: Tensor, index: Tensor) -> Tensor:
     """Uniforms in (0, 1) [n, k] hashed from the rows' hashes [n] and the indices' [k]."""
     return (_mix((rows.unsqueeze(-1) + index) % _PRIME).to(torch.float64) + 0.5) / _PRIME

@@ -10,8 +10,9 @@ import torch
 from gpscale import GPClassifier, GPRegressor, load
 from gpscale.cli import main
 from gpscale import defaults
-from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_N, AUTO_INDUCING, TRAINING, choose_method,
-                              resolve_training, sgpr_max_steps)
+from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_FLOPS, AUTO_EXACT_MAX_N, AUTO_INDUCING,
+                              AUTO_ITERATIVE_MAX_ENTRIES, AUTO_ITERATIVE_PRODUCTS, CHOLESKY_MEMORY_FRACTION, TRAINING,
+                              choose_method, resolve_training, sgpr_max_steps)
 from gpscale.models import available_methods, get_model_class
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,21 +24,41 @@ def data(n=150, d=3, seed=0):
     return X, np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.standard_normal(n) + 5.0
 
 
-@pytest.mark.parametrize("n, d, method", [
-    (10, 3, "exact"),
-    (AUTO_EXACT_MAX_N, 50, "exact"),
-    (AUTO_EXACT_MAX_N + 1, 5, "sgpr"),
-    (50_000, 20, "sgpr"),  # the budget is exactly this size's pass
-    (50_000, 21, "svgp"),
-    (45_000, 100, "svgp"),  # many features make the pass dearer: fewer rows fit the budget
-    (1_000_000, 2, "svgp"),
+GB = 1e9
+
+
+@pytest.mark.parametrize("n, d, memory, method", [
+    (10, 3, 0.0, "exact"),  # the exact GP up to AUTO_EXACT_MAX_N rows whatever the memory
+    (AUTO_EXACT_MAX_N, 50, 0.0, "exact"),
+    (AUTO_EXACT_MAX_N + 1, 5, 0.0, "sgpr"),
+    (36_000, 8, 20 * GB, "exact"),  # kin40k's factor, 10.4 GB (9.7 GiB), fits in 80% of 20 GB
+    (36_000, 8, 12 * GB, "sgpr"),  # and not in 80% of 12 GB
+    (56_000, 8, 1000 * GB, "exact"),  # its n^3 / 3 operations are within AUTO_EXACT_MAX_FLOPS
+    (57_000, 8, 1000 * GB, "svgp"),  # not here, and a pass of sgpr is dearer than its budget
+    (50_000, 20, 0.0, "sgpr"),  # sgpr's budget is exactly this size's pass
+    (50_000, 21, 0.0, "svgp"),
+    (45_000, 100, 0.0, "svgp"),  # many features make the pass dearer: fewer rows fit the budget
+    (1_000_000, 2, 1000 * GB, "svgp"),
 ])
-def test_auto_follows_the_documented_rule(n, d, method):
+def test_auto_follows_the_documented_rule(n, d, memory, method):
     m = min(AUTO_INDUCING, n)
-    assert (n * m * (m + d) <= AUTO_COLLAPSED_MAX_WORK or n <= AUTO_EXACT_MAX_N) == (method != "svgp")
-    choice = choose_method(n, d)
+    exact = n <= AUTO_EXACT_MAX_N or (8 * n * n <= CHOLESKY_MEMORY_FRACTION * memory
+                                      and n**3 / 3 <= AUTO_EXACT_MAX_FLOPS)
+    assert exact == (method == "exact")
+    assert (exact or n * m * (m + d) <= AUTO_COLLAPSED_MAX_WORK) == (method != "svgp")
+    choice = choose_method(n, d, memory_bytes=memory)
     assert choice.method == method and f"{n:,}" in choice.reason
-    assert choose_method(n, d, "classification").method == "svgp"
+    assert choice.options == ({"inference": "cholesky"} if method == "exact" else {})
+    assert choose_method(n, d, "classification", memory_bytes=memory).method == "svgp"
+
+
+def test_auto_takes_the_iterative_exact_gp_on_a_gpu_where_the_factor_does_not_fit():
+    n = 200_000  # a 320 GB factor; 400 products with K of 4e10 entries each
+    assert AUTO_ITERATIVE_PRODUCTS * n**2 <= AUTO_ITERATIVE_MAX_ENTRIES["cuda"]
+    choice = choose_method(n, 8, memory_bytes=80 * GB, device_type="cuda")
+    assert choice.method == "exact" and choice.options == {"inference": "iterative"}
+    assert choose_method(n, 8, memory_bytes=80 * GB, device_type="cpu").method == "svgp"
+    assert choose_method(10 * n, 8, memory_bytes=80 * GB, device_type="cuda").method == "svgp"
 
 
 def test_auto_assumes_the_inducing_points_sgpr_and_svgp_default_to_and_counts_those_asked_for():
@@ -45,8 +66,8 @@ def test_auto_assumes_the_inducing_points_sgpr_and_svgp_default_to_and_counts_th
 
     for key in ("sgpr", "svgp"):
         assert inspect.signature(get_model_class(key).__init__).parameters["n_inducing"].default == AUTO_INDUCING
-    assert choose_method(45_000, 20).method == "sgpr"
-    assert choose_method(45_000, 20, n_inducing=1024).method == "svgp"  # a dearer pass
+    assert choose_method(45_000, 20, memory_bytes=0.0).method == "sgpr"
+    assert choose_method(45_000, 20, memory_bytes=0.0, n_inducing=1024).method == "svgp"  # a dearer pass
 
 
 def test_auto_rejects_an_unknown_task():
@@ -135,7 +156,7 @@ def test_a_loaded_model_summarises_as_the_fitted_one(tmp_path):
 
 
 def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
-    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20).max_steps == 91  # 1.1e12 / (n 512 532)
+    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20, memory_bytes=0.0).max_steps == 91  # 1.1e12 / (n 512 532)
     assert sgpr_max_steps(3_000, 8) == TRAINING["sgpr"].max_steps  # a cheap pass: the table's cap binds
     assert sgpr_max_steps(43_945, 20, n_inducing=1024) < sgpr_max_steps(43_945, 20)
     monkeypatch.setattr(defaults, "SGPR_WORK_BUDGET", 1e8)  # so that a small fit meets it: 300 x 50 x 53 a pass

@@ -28,10 +28,13 @@ split 0) SGPR stopped after 21 steps at test RMSE 0.978 (the mean's), and from t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .memory import gib
 
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "TRAINING", "training_defaults", "resolve_training",
-           "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_COLLAPSED_MAX_WORK", "Training",
+           "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_EXACT_MAX_FLOPS", "AUTO_ITERATIVE_MAX_ENTRIES",
+           "CHOLESKY_MEMORY_FRACTION", "AUTO_COLLAPSED_MAX_WORK", "Training",
            "sgpr_max_steps", "FLOAT32_METHODS", "default_dtype"]
 
 
@@ -191,13 +194,20 @@ def resolve_training(key: str, full_batch: bool, *, epochs: int | None = None, m
                     batch_size=row.batch_size if batch_size is None else batch_size)
 
 
-# --- method="auto" ----------------------------------------------------------------------------------------------
-# Measured on this project's 2-core CPU (docs/choosing.md): the exact GP's L-BFGS fit takes about 35 s at n = 2,000
-# and 80 s at n = 3,000 (an O(n^3) Cholesky per step); SGPR with 512 inducing points costs a pass over the data per
-# step, O(n m (m + d)) multiply-adds (1.6 s on kin40k's 36,000 rows of 8 features), and its L-BFGS keeps improving
-# for hundreds of steps where it has inducing locations to learn (kin40k: test RMSE 0.160 after 100 steps, 0.150
-# after 200, 0.146 after 300).
-AUTO_EXACT_MAX_N = 2000
+# --- method="auto" ---------------------------------------------------------------------------------------------
+# The exact GP is what every other method approximates, so auto fits it wherever the machine affords it
+# (docs/choosing.md has the measurements): its hyperparameters from the exact evidence of 5,000 rows, then one
+# float64 Cholesky factor of all n rows, n^3 / 3 floating-point operations and 8 n^2 bytes. On the 2-core CPU of
+# docs/choosing.md the factor ran at about 100 GFLOP/s (2.7 minutes at kin40k's 36,000 rows), and the whole default
+# fit and prediction of kin40k took <FILLED IN> minutes. The budget below is the factor of about 56,000 rows, ten
+# minutes there; the factor must also take at most 80% of the free memory (24 GB: about 46,000 rows).
+AUTO_EXACT_MAX_FLOPS = 6e13
+# Beyond the factor's memory, the iterative solver needs O(n) memory but computes K a block at a time in every
+# product: about (CG iterations + variance_rank) n^2 kernel entries for the posterior. auto takes it while that is
+# at most this many kernel entries (a GPU computes them some hundred times faster than the CPU).
+AUTO_ITERATIVE_MAX_ENTRIES = {"cpu": 0.0, "cuda": 5e14}
+AUTO_ITERATIVE_PRODUCTS = 400  # products with K in a default iterative posterior: CG's and the Lanczos cache's
+AUTO_EXACT_MAX_N = 2000  # below this the exact GP is chosen whatever the memory says (its factor is 32 MB)
 AUTO_INDUCING = 512
 # the largest n m (m + d) for which sgpr is chosen: 50,000 rows with 20 features at m = 512
 AUTO_COLLAPSED_MAX_WORK = 50_000 * AUTO_INDUCING * (AUTO_INDUCING + 20)
@@ -206,6 +216,8 @@ AUTO_COLLAPSED_MAX_WORK = 50_000 * AUTO_INDUCING * (AUTO_INDUCING + 20)
 # n m (m + d) a second (the forward pass; gradients and line searches included): with a budget of 1.4e12, elevators
 # took 305 s (345 steps), pol 283 s and parkinsons 277 s on split 0.
 SGPR_WORK_BUDGET = 1.1e12
+# the share of the free memory the exact GP's n x n float64 factor may take (the rest: chunks and the process)
+CHOLESKY_MEMORY_FRACTION = 0.8
 
 
 def sgpr_max_steps(n: int, d: int, n_inducing: int | None = None) -> int:
@@ -219,22 +231,27 @@ def sgpr_max_steps(n: int, d: int, n_inducing: int | None = None) -> int:
 @dataclass(frozen=True)
 class Choice:
     """What ``method="auto"`` chose, and why (one sentence, for ``summary()``); ``max_steps`` caps its training
-    when the caller does not (None: the method's own cap)."""
+    when the caller does not (None: the method's own cap); ``options`` are method options it sets."""
 
     method: str
     reason: str
     max_steps: int | None = None
+    options: dict = field(default_factory=dict)
 
 
-def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | None = None) -> Choice:
+def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | None = None, *,
+                  memory_bytes: float = math.inf, device_type: str = "cpu") -> Choice:
     """The method ``method="auto"`` fits to n rows of d features; ``task`` is ``"regression"`` or
-    ``"classification"``; ``n_inducing``, the inducing points the caller asked for (None: 512), enters the cost of a
-    pass.
+    ``"classification"``; ``n_inducing``, the inducing points the caller asked for (None: 512), enters the cost of
+    a pass; ``memory_bytes`` is what the device (``"cpu"`` or ``"cuda"``) has free.
 
     - classification: ``svgp``, the variational method with every likelihood (probit, robust-max, softmax);
-    - n <= 2,000: ``exact``, the exact GP, whose O(n^3) fit still takes under a minute;
-    - n m (m + d) <= 50,000 x 512 x 532 (m = min(512, n)): ``sgpr``, the collapsed bound, each of whose L-BFGS
-      steps is one pass over the data; its steps are capped at 1.1e12 / (n m (m + d)) (at most the method's
+    - the exact GP by its Cholesky factor, while its 8 n^2 bytes take at most 80% of ``memory_bytes`` and its
+      n^3 / 3 operations at most 6e13 (always up to 2,000 rows);
+    - the exact GP by the iterative solver (on a GPU), while its posterior's
+      ``AUTO_ITERATIVE_PRODUCTS`` n^2 kernel entries are at most the device's ``AUTO_ITERATIVE_MAX_ENTRIES``;
+    - ``sgpr`` while n m (m + d) <= 50,000 x 512 x 532 (m = min(512, n)), the collapsed bound, each of whose
+      L-BFGS steps is one pass over the data; its steps are capped at 1.1e12 / (n m (m + d)) (at most the method's
       1,000), the passes that take about 4 minutes on a 2-core CPU;
     - beyond: ``svgp``, minibatch Adam, whose steps cost the same whatever n.
     """
@@ -242,17 +259,35 @@ def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | No
         return Choice("svgp", "classification needs a non-Gaussian likelihood, which the variational svgp takes")
     if task != "regression":
         raise ValueError(f"task must be 'regression' or 'classification', got {task!r}.")
+    factor_bytes, factor_flops = 8.0 * n * n, n**3 / 3
     if n <= AUTO_EXACT_MAX_N:
-        return Choice("exact", f"n = {n:,} <= {AUTO_EXACT_MAX_N:,}: the exact GP fits in under a minute")
+        return Choice("exact", f"n = {n:,} <= {AUTO_EXACT_MAX_N:,}: the exact GP's Cholesky factor of every row is "
+                               f"small ({_gb(factor_bytes)})", options={"inference": "cholesky"})
+    if factor_bytes <= CHOLESKY_MEMORY_FRACTION * memory_bytes and factor_flops <= AUTO_EXACT_MAX_FLOPS:
+        return Choice("exact", f"n = {n:,}: the exact GP's Cholesky factor of every row takes {_gb(factor_bytes)} "
+                               f"and {_engineering(factor_flops)} operations, which the {device_type} affords "
+                               f"({_gb(memory_bytes)} free)", options={"inference": "cholesky"})
+    entries = AUTO_ITERATIVE_PRODUCTS * float(n) ** 2
+    if entries <= AUTO_ITERATIVE_MAX_ENTRIES.get(device_type, 0.0):
+        return Choice("exact", f"n = {n:,}: the Cholesky factor ({_gb(factor_bytes)}) does not fit, but the "
+                               f"iterative solver's {_engineering(entries)} kernel entries are affordable on the "
+                               f"{device_type}", options={"inference": "iterative"})
+    too_large = (f"the exact GP's factor would take {_gb(factor_bytes)} ({_gb(memory_bytes)} free) and "
+                 f"{_engineering(factor_flops)} operations")
     m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)
     work = n * m * (m + d)
     if work <= AUTO_COLLAPSED_MAX_WORK:
         steps = sgpr_max_steps(n, d, n_inducing)
-        return Choice("sgpr", f"n = {n:,}, d = {d}: a pass over the data with {m} inducing points costs "
-                              f"{_engineering(work)} multiply-adds, at most {_engineering(AUTO_COLLAPSED_MAX_WORK)}, "
+        return Choice("sgpr", f"n = {n:,}, d = {d}: {too_large}; a pass over the data with {m} inducing points "
+                              f"costs {_engineering(work)} multiply-adds, at most {_engineering(AUTO_COLLAPSED_MAX_WORK)}, "
                               f"so the collapsed bound trains full batch, for at most {steps} L-BFGS steps", steps)
-    return Choice("svgp", f"n = {n:,}, d = {d}: a full-batch pass would cost {_engineering(work)} multiply-adds, "
-                          f"more than {_engineering(AUTO_COLLAPSED_MAX_WORK)}, so minibatch svgp trains instead")
+    return Choice("svgp", f"n = {n:,}, d = {d}: {too_large}, and a full-batch pass would cost {_engineering(work)} "
+                          f"multiply-adds, more than {_engineering(AUTO_COLLAPSED_MAX_WORK)}, so minibatch svgp trains "
+                          "instead")
+
+
+def _gb(n_bytes: float) -> str:
+    return "unlimited" if math.isinf(n_bytes) else gib(n_bytes)
 
 
 def _engineering(x: float) -> str:

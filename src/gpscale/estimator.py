@@ -22,6 +22,7 @@ from .distributed import LOCAL, Comm, TorchComm, global_count
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
+from .memory import available_bytes
 from .models import available_methods, get_model_class
 from .models.base import GPModel, mixture_moments, option_default, option_names
 from .options import check_options
@@ -143,7 +144,8 @@ class _GPEstimator(BaseEstimator):
         n = global_count(X.shape[0], comm)
         x_scale = fit_scaling(X, self.x_scaling, comm)
         if self.method == "auto":
-            choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing)
+            choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing,
+                                   memory_bytes=available_bytes(device), device_type=device.type)
         else:
             capped = sgpr_max_steps(n, X.shape[1], self.n_inducing) if self.method == "sgpr" else None
             choice = Choice(self.method, "named by the caller", capped)
@@ -185,7 +187,7 @@ class _GPEstimator(BaseEstimator):
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
         capped at the number of rows. Objects (a kernel) are copied, so that fit never changes what it was given."""
         accepted = option_names(cls)
-        options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
+        options = {k: v for k, v in {**choice.options, "n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}
         for name in self._method_options:
             if name not in accepted:
@@ -279,6 +281,9 @@ class _GPEstimator(BaseEstimator):
                 ended = f"stopped at the cap of {t['max_steps']} {counted} before converging"
             lines.append(f"  training: {t['steps']} {how}, {ended}, {t['seconds']:.1f} s")
             lines.append(f"  final objective: {t['final_objective']:.6g} (per data point, standardised targets)")
+        posterior = self.model_.posterior_description()
+        if posterior:
+            lines.append(f"  {posterior}")
         units = {"lengthscale": "units of X", "outputscale": "units of y^2", "noise": "variance, units of y^2"}
         for name, value in self.hyperparameters().items():
             shown = (np.array2string(np.asarray(value), precision=4, max_line_width=100) if np.ndim(value)
@@ -410,9 +415,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         A method key (``gpscale.available_methods()``: ``"exact"``, ``"sgpr"``, ``"svgp"``, ``"softki"``,
         ``"grief"``, ``"grief-i"``, ``"dbk"``, ``"svdbk"``, ``"hvgp"``, ``"vff"``, ``"vff-svgp"``, ``"odvgp"``,
         ``"odvff"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``, ``"deep-conv-hvgp"``), or ``"auto"``: the
-        exact GP up to 2,000 rows, SGPR (512 inducing points, full batch) while a pass over the data costs at most
-        that of 50,000 rows of 20 features, SVGP beyond (:func:`gpscale.defaults.choose_method`). ``method_`` says
-        what was fitted and ``summary()`` why.
+        exact GP over every row while its Cholesky factor (8 n^2 bytes, n^3 / 3 operations) fits the device's free
+        memory and a budget of work (about 46,000 rows on a 24 GB machine), by the iterative solver on a GPU
+        beyond, then SGPR (512 inducing points, full batch) while a pass over the data costs at most that of
+        50,000 rows of 20 features, SVGP beyond (:func:`gpscale.defaults.choose_method`). ``method_`` says what was
+        fitted and ``summary()`` why.
     n_inducing : int or None, default=None
         Inducing points (or basis functions) for methods that have them, capped at n. None: the method's default.
     epochs : int or None, default=None

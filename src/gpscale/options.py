@@ -122,6 +122,12 @@ CONSTRAINTS: dict[str, Constraint] = {
     "burn_in": _count("MCMC iterations discarded", low=0),
     "thin": Constraint(True, low=1, means="the MCMC iterations per kept sample"),
     "n_chains": _count("MCMC chains"),
+    "evidence_rows": _count("rows whose exact evidence trains the exact GP's hyperparameters (None: all)", low=2),
+    "max_cg_iterations": _count("conjugate-gradient iterations of one solve"),
+    "preconditioner_rank": _count("columns of the pivoted-Cholesky preconditioner (0: none)", low=0),
+    "variance_rank": _count("Lanczos steps of the exact GP's variance cache (None: CG variances)"),
+    "cg_tolerance": Constraint(False, low=0, high=1, low_open=True,
+                               means="the relative residual at which conjugate gradients stop"),
     # hyperparameters and numerical settings
     "lengthscale": _positive("the kernel's initial lengthscale", words=("median",)),
     "outputscale": _positive("the kernel's initial signal variance"),

@@ -77,7 +77,7 @@ def test_model_options_are_accepted(name):
 
 
 # the protocols that measure the library's own defaults
-LIBRARY_DEFAULTS = ("defaults", "method-defaults", "scale")
+LIBRARY_DEFAULTS = ("defaults", "method-defaults", "scale", "exact-scale", "exact-scale-gpu", "exact-scale-gpu-1m")
 
 
 @pytest.mark.parametrize("name", [name for name in ALL if name not in LIBRARY_DEFAULTS])

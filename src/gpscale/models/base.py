@@ -247,8 +247,13 @@ class GPModel(nn.Module):
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
             )
-        parts = [self.predict_chunk(Xc) for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
+        parts = [self.predict_chunk(Xc) for (Xc,) in chunks_on(self.device, self.rows_per_chunk(), X)]
         return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
+
+    def rows_per_chunk(self) -> int:
+        """Rows per chunk of :meth:`predict`: ``chunk_size`` (a model whose chunk is held against every training
+        row takes fewer)."""
+        return self.chunk_size
 
     @torch.no_grad()
     def predict_mixture(self, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -277,6 +282,10 @@ class GPModel(nn.Module):
         if extra is not None:
             cov = cov + torch.diag(extra)
         return mean.to(X.dtype), cov.to(X.dtype)
+
+    def posterior_description(self) -> str:
+        """One line on how the fitted posterior was computed, for ``summary()`` (empty: nothing to add)."""
+        return ""
 
     def check_inputs(self, X: Tensor) -> None:
         """Warn about rows of X [n*, d] where the fitted posterior should not be trusted; called on the inputs a

@@ -190,7 +190,7 @@ def fit_exact_gp(model: FeatureSpaceGP, Xs: Tensor, ys: Tensor, kernel: Kernel) 
     """An exact GP with a copy of ``kernel`` and the model's noise settings, fitted on (Xs, ys) by L-BFGS-B in the
     box of :func:`_exact_gp_box` for at most ``model.init_iterations`` iterations."""
     lik = model.likelihood
-    exact = ExactGP(model.n_features, kernel=copy.deepcopy(kernel), noise=float(model.noise.detach()),
+    exact = ExactGP(model.n_features, kernel=copy.deepcopy(kernel), noise=float(model.noise.detach()), evidence_rows=None,
                     learn_noise=lik.learn_noise, noise_floor=lik.noise_floor).to(dtype=CORE, device=Xs.device)
     # the model's grid once init has built it from every training row; before that (a direct call), the rows' own
     grids = model.grids() if min(model.grid_sizes.tolist()) > 0 else grid_points(Xs, model.grid_size)

@@ -12,7 +12,7 @@ from gpscale.cli import main
 from gpscale import defaults
 from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_FLOPS, AUTO_EXACT_MAX_N, AUTO_INDUCING,
                               AUTO_ITERATIVE_MAX_ENTRIES, AUTO_ITERATIVE_PRODUCTS, CHOLESKY_MEMORY_FRACTION, TRAINING,
-                              choose_method, resolve_training, sgpr_max_steps)
+                              choose_method, exact_max_steps, resolve_training, sgpr_max_steps)
 from gpscale.models import available_methods, get_model_class
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -164,6 +164,17 @@ def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
     for params in ({"method": "sgpr", "n_inducing": 50}, {"method": "sgpr", "n_inducing": 50, "max_steps": 7}):
         reg = GPRegressor(progress=False, **params).fit(X, X.sum(1))
         assert reg.training_["max_steps"] == params.get("max_steps", 125)
+
+
+def test_the_exact_gp_named_or_chosen_is_capped_by_the_budget_of_its_evidence(monkeypatch):
+    assert exact_max_steps(36_000, 5000) == 120  # 1.5e13 / 5,000^3
+    assert exact_max_steps(1_500, 5000) == TRAINING["exact"].max_steps  # a small evidence: the table's cap binds
+    assert exact_max_steps(36_000, None) == 1  # every row's evidence: one evaluation's work is the budget
+    monkeypatch.setattr(defaults, "EXACT_EVIDENCE_BUDGET", 7 * 100**3)  # 7 evaluations of 100 rows
+    X, y = data(300)
+    for params in ({}, {"method": "exact"}, {"method": "exact", "max_steps": 3}):
+        reg = GPRegressor(progress=False, evidence_rows=100, **params).fit(X, y)
+        assert reg.method_ == "exact" and reg.training_["max_steps"] == params.get("max_steps", 7)
 
 
 @pytest.mark.parametrize("method", ["svgp", "softki", "sgpr", "exact"])

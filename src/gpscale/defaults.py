@@ -34,7 +34,7 @@ from .memory import gib
 
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "TRAINING", "training_defaults", "resolve_training",
            "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_EXACT_MAX_FLOPS", "AUTO_ITERATIVE_MAX_ENTRIES",
-           "CHOLESKY_MEMORY_FRACTION", "AUTO_COLLAPSED_MAX_WORK", "Training",
+           "CHOLESKY_MEMORY_FRACTION", "EXACT_EVIDENCE_BUDGET", "exact_max_steps", "AUTO_COLLAPSED_MAX_WORK", "Training",
            "sgpr_max_steps", "FLOAT32_METHODS", "default_dtype"]
 
 
@@ -218,6 +218,11 @@ AUTO_COLLAPSED_MAX_WORK = 50_000 * AUTO_INDUCING * (AUTO_INDUCING + 20)
 SGPR_WORK_BUDGET = 1.1e12
 # the share of the free memory the exact GP's n x n float64 factor may take (the rest: chunks and the process)
 CHOLESKY_MEMORY_FRACTION = 0.8
+# The exact GP's training: each L-BFGS evaluation of the evidence of m rows is a Cholesky factor and its inverse, about
+# m^3 multiply-adds. The budget is the sum of m^3 over the evaluations a default fit may take: 120 evaluations of
+# 5,000 rows, about 4 to 6 minutes on the 2-core CPU above (2 to 3 s an evaluation there). kin40k's 8 inputs
+# converged in 23 iterations; pol's 26 inputs were still creeping after 100 (-0.6726 -> -0.6737 per row in 24).
+EXACT_EVIDENCE_BUDGET = 1.5e13
 
 
 def sgpr_max_steps(n: int, d: int, n_inducing: int | None = None) -> int:
@@ -226,6 +231,14 @@ def sgpr_max_steps(n: int, d: int, n_inducing: int | None = None) -> int:
     ``method="auto"`` and by the estimators when they are asked for sgpr and no ``max_steps``."""
     m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)
     return max(1, min(TRAINING["sgpr"].max_steps, int(SGPR_WORK_BUDGET // (n * m * (m + d)))))
+
+
+def exact_max_steps(n: int, evidence_rows: int | None) -> int:
+    """The cap on a default exact-GP fit's L-BFGS steps (iterations and evaluations of the evidence), with
+    m = min(evidence_rows, n) rows in the evidence (all n when None): 1.5e13 / m^3, at most the table's 1,000. Read
+    by the estimators when they fit the exact GP, named or chosen, and no ``max_steps`` is given."""
+    m = n if evidence_rows is None else min(int(evidence_rows), n)
+    return max(1, min(TRAINING["exact"].max_steps, int(EXACT_EVIDENCE_BUDGET // m**3)))
 
 
 @dataclass(frozen=True)

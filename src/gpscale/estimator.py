@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._version import __version__
-from .defaults import Choice, choose_method, default_dtype, sgpr_max_steps
+from .defaults import Choice, choose_method, default_dtype, exact_max_steps, sgpr_max_steps
 from .distributed import LOCAL, Comm, TorchComm, global_count
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
@@ -152,6 +153,9 @@ class _GPEstimator(BaseEstimator):
         cls = get_model_class(choice.method)
         dtype = resolve_dtype(self.dtype, choice.method)
         options = self._model_options(cls, n, common, choice)
+        if choice.method == "exact":  # its evidence's budget of work, as sgpr's passes
+            rows = options.get("evidence_rows", option_default(cls, "evidence_rows"))
+            choice = replace(choice, max_steps=exact_max_steps(n, rows))
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
         if "lengthscale" not in options and not isinstance(options.get("kernel"), Kernel):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient

@@ -198,10 +198,13 @@ def test_a_factor_that_does_not_fit_is_refused_before_it_is_allocated(monkeypatc
     m = model(inference="cholesky")
     with pytest.raises(InsufficientMemoryError, match=r"Cholesky factor of 200 rows .* inference='iterative'"):
         m.fit_posterior(X, y)
+    with pytest.raises(InsufficientMemoryError, match=r"exact evidence of 200 rows .* Train on fewer rows \(evidence_rows="):
+        m.loss(X, y, 200)
     auto = model()  # "auto": the iterative solver when the factor does not fit
     assert auto.solver(200) == "iterative"
     auto.fit_posterior(X, y)
     assert "R" in auto.cache and "L" not in auto.cache
+    assert torch.isfinite(auto.loss(X, y, 200))  # BBMM's evidence, in O(n) memory
 
 
 def test_free_memory_is_read_from_the_system_and_checked():

@@ -156,7 +156,8 @@ def test_a_loaded_model_summarises_as_the_fitted_one(tmp_path):
 
 
 def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
-    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20, memory_bytes=0.0).max_steps == 91  # 1.1e12 / (n 512 532)
+    # 1.1e12 / (n 512 532)
+    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20, memory_bytes=0.0).max_steps == 91
     assert sgpr_max_steps(3_000, 8) == TRAINING["sgpr"].max_steps  # a cheap pass: the table's cap binds
     assert sgpr_max_steps(43_945, 20, n_inducing=1024) < sgpr_max_steps(43_945, 20)
     monkeypatch.setattr(defaults, "SGPR_WORK_BUDGET", 1e8)  # so that a small fit meets it: 300 x 50 x 53 a pass

@@ -34,8 +34,8 @@ from .memory import gib
 
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "TRAINING", "training_defaults", "resolve_training",
            "Choice", "choose_method", "AUTO_EXACT_MAX_N", "AUTO_EXACT_MAX_FLOPS", "AUTO_ITERATIVE_MAX_ENTRIES",
-           "CHOLESKY_MEMORY_FRACTION", "EXACT_EVIDENCE_BUDGET", "exact_max_steps", "AUTO_COLLAPSED_MAX_WORK", "Training",
-           "sgpr_max_steps", "FLOAT32_METHODS", "default_dtype"]
+           "CHOLESKY_MEMORY_FRACTION", "EXACT_EVIDENCE_BUDGET", "exact_max_steps", "AUTO_COLLAPSED_MAX_WORK",
+           "Training", "sgpr_max_steps", "FLOAT32_METHODS", "default_dtype"]
 
 
 @dataclass(frozen=True)
@@ -195,12 +195,11 @@ def resolve_training(key: str, full_batch: bool, *, epochs: int | None = None, m
 
 
 # --- method="auto" ---------------------------------------------------------------------------------------------
-# The exact GP is what every other method approximates, so auto fits it wherever the machine affords it
-# (docs/choosing.md has the measurements): its hyperparameters from the exact evidence of 5,000 rows, then one
-# float64 Cholesky factor of all n rows, n^3 / 3 floating-point operations and 8 n^2 bytes. On the 2-core CPU of
-# docs/choosing.md the factor ran at about 100 GFLOP/s (2.7 minutes at kin40k's 36,000 rows), and the whole default
-# fit and prediction of kin40k took <FILLED IN> minutes. The budget below is the factor of about 56,000 rows, ten
-# minutes there; the factor must also take at most 80% of the free memory (24 GB: about 46,000 rows).
+# The exact GP is what every other method approximates, so auto fits it wherever the machine affords it: its
+# hyperparameters from the exact evidence of 5,000 rows, then one float64 Cholesky factor of all n rows, n^3 / 3
+# floating-point operations and 8 n^2 bytes, which must take at most CHOLESKY_MEMORY_FRACTION of the free memory.
+# The budget of operations is the factor of 56,000 rows, about ten minutes on the 2-core CPU of docs/choosing.md
+# (the measurements behind these thresholds are there).
 AUTO_EXACT_MAX_FLOPS = 6e13
 # Beyond the factor's memory, the iterative solver needs O(n) memory but computes K a block at a time in every
 # product: about (CG iterations + variance_rank) n^2 kernel entries for the posterior. auto takes it while that is
@@ -220,8 +219,7 @@ SGPR_WORK_BUDGET = 1.1e12
 CHOLESKY_MEMORY_FRACTION = 0.8
 # The exact GP's training: each L-BFGS evaluation of the evidence of m rows is a Cholesky factor and its inverse, about
 # m^3 multiply-adds. The budget is the sum of m^3 over the evaluations a default fit may take: 120 evaluations of
-# 5,000 rows, about 4 to 6 minutes on the 2-core CPU above (2 to 3 s an evaluation there). kin40k's 8 inputs
-# converged in 23 iterations; pol's 26 inputs were still creeping after 100 (-0.6726 -> -0.6737 per row in 24).
+# 5,000 rows, about 5 minutes on the 2-core CPU above; with many inputs the ARD lengthscales creep on past it.
 EXACT_EVIDENCE_BUDGET = 1.5e13
 
 
@@ -292,8 +290,9 @@ def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | No
     if work <= AUTO_COLLAPSED_MAX_WORK:
         steps = sgpr_max_steps(n, d, n_inducing)
         return Choice("sgpr", f"n = {n:,}, d = {d}: {too_large}; a pass over the data with {m} inducing points "
-                              f"costs {_engineering(work)} multiply-adds, at most {_engineering(AUTO_COLLAPSED_MAX_WORK)}, "
-                              f"so the collapsed bound trains full batch, for at most {steps} L-BFGS steps", steps)
+                              f"costs {_engineering(work)} multiply-adds, at most "
+                              f"{_engineering(AUTO_COLLAPSED_MAX_WORK)}, so the collapsed bound trains full batch, "
+                              f"for at most {steps} L-BFGS steps", steps)
     return Choice("svgp", f"n = {n:,}, d = {d}: {too_large}, and a full-batch pass would cost {_engineering(work)} "
                           f"multiply-adds, more than {_engineering(AUTO_COLLAPSED_MAX_WORK)}, so minibatch svgp trains "
                           "instead")

@@ -134,8 +134,8 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
 
 
 # The columns of one panel of the blocked factorisation: its trailing updates are matrix products of that inner
-# size. On a 2-core AMD EPYC (float64) 512 ran at 105 GFLOP/s at n = 16,000 (1,024: 101), LAPACK's own in-place
-# potrf (OpenBLAS, through scipy) at 103 at n = 8,000 but crashed at n = 36,000; a GPU wants wider panels.
+# size, which on a CPU run at the machine's rate from a few hundred (512 was the fastest measured: docs/choosing.md)
+# and on a GPU want more.
 CHOLESKY_PANEL = {"cpu": 512, "cuda": 4096}
 
 

@@ -28,7 +28,7 @@ split 0) SGPR stopped after 21 steps at test RMSE 0.978 (the mean's), and from t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .memory import gib
 
@@ -242,12 +242,11 @@ def exact_max_steps(n: int, evidence_rows: int | None) -> int:
 @dataclass(frozen=True)
 class Choice:
     """What ``method="auto"`` chose, and why (one sentence, for ``summary()``); ``max_steps`` caps its training
-    when the caller does not (None: the method's own cap); ``options`` are method options it sets."""
+    when the caller does not (None: the method's own cap)."""
 
     method: str
     reason: str
     max_steps: int | None = None
-    options: dict = field(default_factory=dict)
 
 
 def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | None = None, *,
@@ -273,16 +272,16 @@ def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | No
     factor_bytes, factor_flops = 8.0 * n * n, n**3 / 3
     if n <= AUTO_EXACT_MAX_N:
         return Choice("exact", f"n = {n:,} <= {AUTO_EXACT_MAX_N:,}: the exact GP's Cholesky factor of every row is "
-                               f"small ({_gb(factor_bytes)})", options={"inference": "cholesky"})
+                               f"small ({_gb(factor_bytes)})")
     if factor_bytes <= CHOLESKY_MEMORY_FRACTION * memory_bytes and factor_flops <= AUTO_EXACT_MAX_FLOPS:
         return Choice("exact", f"n = {n:,}: the exact GP's Cholesky factor of every row takes {_gb(factor_bytes)} "
                                f"and {_engineering(factor_flops)} operations, which the {device_type} affords "
-                               f"({_gb(memory_bytes)} free)", options={"inference": "cholesky"})
+                               f"({_gb(memory_bytes)} free)")
     entries = AUTO_ITERATIVE_PRODUCTS * float(n) ** 2
     if entries <= AUTO_ITERATIVE_MAX_ENTRIES.get(device_type, 0.0):
-        return Choice("exact", f"n = {n:,}: the Cholesky factor ({_gb(factor_bytes)}) does not fit, but the "
-                               f"iterative solver's {_engineering(entries)} kernel entries are affordable on the "
-                               f"{device_type}", options={"inference": "iterative"})
+        return Choice("exact", f"n = {n:,}: the {device_type}'s iterative solver for the exact GP computes "
+                               f"{_engineering(entries)} kernel entries, which it affords (the model takes the "
+                               f"Cholesky factor if it fits the {_gb(memory_bytes)} free)")
     too_large = (f"the exact GP's factor would take {_gb(factor_bytes)} ({_gb(memory_bytes)} free) and "
                  f"{_engineering(factor_flops)} operations")
     m = min(AUTO_INDUCING if n_inducing is None else int(n_inducing), n)

@@ -23,7 +23,7 @@ from .distributed import LOCAL, Comm, TorchComm, global_count
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
-from .memory import available_bytes
+from .memory import per_process_bytes
 from .models import available_methods, get_model_class
 from .models.base import GPModel, mixture_moments, option_default, option_names
 from .options import check_options
@@ -146,7 +146,7 @@ class _GPEstimator(BaseEstimator):
         x_scale = fit_scaling(X, self.x_scaling, comm)
         if self.method == "auto":
             choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing,
-                                   memory_bytes=available_bytes(device), device_type=device.type)
+                                   memory_bytes=per_process_bytes(device, comm), device_type=device.type)
         else:
             capped = sgpr_max_steps(n, X.shape[1], self.n_inducing) if self.method == "sgpr" else None
             choice = Choice(self.method, "named by the caller", capped)
@@ -191,7 +191,7 @@ class _GPEstimator(BaseEstimator):
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
         capped at the number of rows. Objects (a kernel) are copied, so that fit never changes what it was given."""
         accepted = option_names(cls)
-        options = {k: v for k, v in {**choice.options, "n_inducing": self.n_inducing, **common}.items()
+        options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}
         for name in self._method_options:
             if name not in accepted:
@@ -221,7 +221,12 @@ class _GPEstimator(BaseEstimator):
                              f"{self.method_!r} refits its posterior with new values of "
                              f"{', '.join(map(repr, allowed)) or 'no option'} only.")
         X, targets = self._training_rows(X, y)
-        model = copy.deepcopy(self.model_)
+        # the entries a model forms again when they are missing (the exact GP's n x n factor) are not copied
+        kept = {k: self.model_.cache.pop(k) for k in type(self.model_).rebuilt_cache if k in self.model_.cache}
+        try:
+            model = copy.deepcopy(self.model_)
+        finally:
+            self.model_.cache.update(kept)
         for name, value in posterior_options.items():
             setattr(model, name, value)
         model.check_posterior_options()

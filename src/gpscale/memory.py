@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "gib"]
+__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "gib", "per_process_bytes"]
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -47,6 +47,17 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
     candidates = [_meminfo_available(), _cgroup_room()]
     known = [c for c in candidates if c is not None]
     return min(known) if known else 2**62
+
+
+def per_process_bytes(device: torch.device | str, comm) -> float:
+    """What each process of ``comm`` (a :class:`gpscale.distributed.Comm`) may allocate on its ``device``, the same
+    number on every process (a collective): the least free memory over the processes, shared among them on the CPU,
+    whose processes are taken to share one machine's memory (each CUDA process has a device of its own)."""
+    free = float(available_bytes(device))
+    if comm.world_size == 1:
+        return free
+    least = -float(comm.all_reduce_max(torch.tensor(-free, dtype=torch.float64)))
+    return least / comm.world_size if torch.device(device).type == "cpu" else least
 
 
 def check_fits(n_bytes: float, *, what: str, device: torch.device | str = "cpu", advice: str,

@@ -1,5 +1,6 @@
 """The exact GP over every row: the in-place Cholesky path and the iterative (BBMM) path against dense formulas and
 each other; the evidence subset; chunked joint covariances; a model file without its factor; the memory check."""
+import copy
 import math
 
 import numpy as np
@@ -245,3 +246,21 @@ def test_the_iterative_path_agrees_with_the_cholesky_path_on_5000_rows():
         e1 = chol.log_marginal_likelihood(X, y)
         e2 = it.log_marginal_likelihood(X, y)
     assert abs(e1 - e2).item() / 5000 < 1e-3
+
+
+def test_a_refit_posterior_forms_a_new_factor_without_copying_the_old(monkeypatch):
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-2, 2, (200, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    reg = GPRegressor(method="exact", max_steps=5, progress=False).fit(X, y)
+    old, copied, deepcopy = reg.model_.cache["L"], [], copy.deepcopy
+
+    def watching(value, memo=None):
+        if isinstance(value, ExactGP):
+            copied.append("L" in value.cache)
+        return deepcopy(value, memo)
+
+    monkeypatch.setattr(copy, "deepcopy", watching)
+    reg.refit_posterior(X, y)
+    assert copied == [False] and reg.model_.cache["L"].data_ptr() != old.data_ptr()
+    torch.testing.assert_close(reg.model_.cache["L"].tril(), old.tril())

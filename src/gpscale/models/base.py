@@ -129,6 +129,7 @@ class GPModel(nn.Module):
     batch_coupled: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
+    rebuilt_cache: tuple[str, ...] = ()  # cache entries the model forms again when missing: not saved, not copied
 
     def __init__(
         self,
@@ -345,7 +346,7 @@ class GPModel(nn.Module):
 
     def get_extra_state(self) -> dict[str, Tensor]:
         # the posterior cache travels with state_dict(), so a saved model predicts without its training data
-        return dict(self.cache)
+        return {k: v for k, v in self.cache.items() if k not in self.rebuilt_cache}
 
     def set_extra_state(self, state: dict[str, Tensor]) -> None:
         self.cache = dict(state)

@@ -36,7 +36,7 @@ from ..device import to_device
 from ..distributed import LOCAL, Comm, global_count
 from ..iterative import LanczosVariance, Preconditioner, cg, solve_and_logdet
 from ..linalg import CORE, cho_solve_triangular, cholesky_in_place, gaussian_log_likelihood, solve_lower
-from ..memory import available_bytes, check_fits, gib
+from ..memory import available_bytes, check_fits, gib, per_process_bytes
 from ..shards import row_blocks
 from ._blocked_kernel import BLOCK_ELEMENTS, BlockedKernel
 from .base import GPModel, NotFittedPosteriorError, register
@@ -63,9 +63,9 @@ class ExactGP(GPModel):
         evidence_rows: training maximises the exact evidence of this many rows, drawn at random by global row index
             (seeded by the training seed, the same rows on any number of processes); None, or n at most this: of
             every row. The posterior always uses every row.
-        inference: ``"cholesky"``, ``"iterative"``, or ``"auto"``: the Cholesky factor while its 8 n^2 bytes (times
-            the number of processes, each of which forms it over all the rows) take at most 80% of the free memory,
-            else the iterative solver, whose rows the processes share. It decides for the posterior over all n rows
+        inference: ``"cholesky"``, ``"iterative"``, or ``"auto"``: the Cholesky factor while its 8 n^2 bytes take at
+            most 80% of the free memory (each process forms it over all the rows: on the CPU the processes share the
+            least free memory of any of them), else the iterative solver, whose rows the processes share. It decides for the posterior over all n rows
             and for the evidence of the ``evidence_rows`` training sees, separately.
         cg_tolerance: conjugate gradients stop when every column's residual is at most this times its right-hand
             side's norm.
@@ -80,6 +80,9 @@ class ExactGP(GPModel):
 
     full_batch = True
     posterior_options = ("inference", "cg_tolerance", "max_cg_iterations", "preconditioner_rank", "variance_rank")
+    # the n x n factor (10 GB at 36,000 rows) is neither saved nor copied: it is formed again from X when a variance
+    # first needs it
+    rebuilt_cache = ("L",)
 
     def __init__(self, n_features: int, *, evidence_rows: int | None = 5000, inference: str = "auto",
                  cg_tolerance: float = 1e-6, max_cg_iterations: int = 1000, preconditioner_rank: int = 100,
@@ -110,9 +113,9 @@ class ExactGP(GPModel):
         the Cholesky path holds ``matrices`` n x n matrices (:func:`cholesky_bytes`)."""
         if self.inference != "auto":
             return self.inference
-        # every process forms the factor of all the rows; counted as if they shared this machine's memory
-        need = cholesky_bytes(n, matrices) * comm.world_size
-        return "cholesky" if need <= CHOLESKY_MEMORY_FRACTION * available_bytes(self.device) else "iterative"
+        # every process forms the factor of all the rows; every process must take the same decision
+        fits = cholesky_bytes(n, matrices) <= CHOLESKY_MEMORY_FRACTION * per_process_bytes(self.device, comm)
+        return "cholesky" if fits else "iterative"
 
     def Ky(self, X: Tensor) -> Tensor:
         """``K + sigma^2 I`` [n, n]."""
@@ -207,9 +210,9 @@ class ExactGP(GPModel):
 
     def posterior_description(self) -> str:
         """How the posterior was computed, for ``summary()``."""
-        n = self.cache["X"].shape[0]
         if "alpha" not in self.cache:
             return ""
+        n = self.cache["X"].shape[0]
         if "R" in self.cache:
             variances = f"variances from a rank-{self.cache['R'].shape[1]} Lanczos cache"
         elif "L" in self.cache or self.solver(n) == "cholesky":
@@ -233,11 +236,6 @@ class ExactGP(GPModel):
         noise = self.noise.detach().to(CORE)
         return cholesky_in_place(factor, lambda A: op.fill_lower(A, noise),
                                  what="training covariance K + sigma^2 I")
-
-    def get_extra_state(self) -> dict[str, Tensor]:
-        # the n x n factor is not saved (10 GB at 36,000 rows): a loaded model forms it again from X when it
-        # first needs a variance
-        return {k: v for k, v in self.cache.items() if k != "L"}
 
     def rows_per_chunk(self) -> int:
         """Test rows per chunk: each is held against every training row (n x c numbers) at least once."""

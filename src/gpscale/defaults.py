@@ -198,8 +198,7 @@ def resolve_training(key: str, full_batch: bool, *, epochs: int | None = None, m
 # The exact GP is what every other method approximates, so auto fits it wherever the machine affords it: its
 # hyperparameters from the exact evidence of 5,000 rows, then one float64 Cholesky factor of all n rows, n^3 / 3
 # floating-point operations and 8 n^2 bytes, which must take at most CHOLESKY_MEMORY_FRACTION of the free memory.
-# The budget of operations is the factor of 56,000 rows, about ten minutes on the 2-core CPU of docs/choosing.md
-# (the measurements behind these thresholds are there).
+# The budget of operations is the factor of 56,000 rows (docs/choosing.md gives what it costs).
 AUTO_EXACT_MAX_FLOPS = 6e13
 # Beyond the factor's memory, the iterative solver needs O(n) memory but computes K a block at a time in every
 # product: about (CG iterations + variance_rank) n^2 kernel entries for the posterior. auto takes it while that is
@@ -219,7 +218,7 @@ SGPR_WORK_BUDGET = 1.1e12
 CHOLESKY_MEMORY_FRACTION = 0.8
 # The exact GP's training: each L-BFGS evaluation of the evidence of m rows is a Cholesky factor and its inverse, about
 # m^3 multiply-adds. The budget is the sum of m^3 over the evaluations a default fit may take: 120 evaluations of
-# 5,000 rows, about 5 minutes on the 2-core CPU above; with many inputs the ARD lengthscales creep on past it.
+# 5,000 rows (docs/choosing.md gives what it costs); with many inputs the ARD lengthscales creep on past it.
 EXACT_EVIDENCE_BUDGET = 1.5e13
 
 

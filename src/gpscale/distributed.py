@@ -17,7 +17,8 @@ import sys
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "global_count", "broadcast_state", "leave_job"]
+__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "global_count", "row_offset", "gather_rows", "broadcast_state",
+           "leave_job"]
 
 _STARTED_HERE = False  # whether TorchComm.from_env created the process group, which leave_job then destroys
 
@@ -80,6 +81,25 @@ def global_count(n: int, comm: Comm) -> int:
     if comm.world_size == 1:
         return n
     return int(comm.all_reduce_sum(torch.tensor(float(n), dtype=torch.float64)).item())
+
+
+def row_offset(n: int, comm: Comm) -> int:
+    """The global index of this process's first row, when the processes hold n_0, n_1, ... rows in rank order."""
+    if comm.world_size == 1:
+        return 0
+    return int(sum(comm.all_gather(torch.tensor([n])).tolist()[: comm.rank]))
+
+
+def gather_rows(X: Tensor, y: Tensor, rows: Tensor, offset: int, comm: Comm) -> tuple[Tensor, Tensor]:
+    """The global rows ``rows`` [B] of every process's (X [n_r, d], y [n_r]), in the order of ``rows``, on every
+    process: each fills in the rows it holds (its first at global index ``offset``) and a sum over the processes
+    completes them (B (d + 1) numbers)."""
+    here = ((rows >= offset) & (rows < offset + X.shape[0])).to(X.device)
+    batch = torch.zeros(rows.shape[0], X.shape[1] + 1, dtype=X.dtype, device=X.device)
+    local = rows.to(X.device)[here] - offset
+    batch[here] = torch.cat([X[local], y[local].unsqueeze(-1)], dim=1)
+    batch = comm.all_reduce_sum(batch)
+    return batch[:, :-1], batch[:, -1]
 
 
 def process_device(device: str) -> str:

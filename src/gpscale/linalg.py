@@ -108,11 +108,7 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
     if not check_failed(info.ne(0).any() | ~torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all()):
         return L
     if not torch.isfinite(A).all():
-        bad = (~torch.isfinite(A)).sum().item()
-        raise NotPSDError(
-            f"The {what} ({tuple(A.shape)}) has {bad} NaN/inf entries, so it has no Cholesky factor. This usually "
-            "means the training diverged: lower the learning rate, or use dtype='float64'."
-        )
+        raise _non_finite(what, A.shape, f"{(~torch.isfinite(A)).sum().item()} ")
     scale = A.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(torch.finfo(A.dtype).tiny)
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     for i in range(max_tries):
@@ -126,16 +122,23 @@ def cholesky(A: Tensor, *, jitter: float = 1e-8, max_tries: int = 4, what: str =
                 stacklevel=2,
             )
             return L
-    raise NotPSDError(
-        f"The {what} ({tuple(A.shape)}) is not positive definite, even after adding jitter up to "
-        f"{jitter * 10 ** (max_tries - 1):.1e} x its mean diagonal. Try a larger noise floor, fewer inducing points "
-        "(or inducing points further apart), or dtype='float64'."
-    )
+    raise _not_positive_definite(what, A.shape, jitter * 10 ** (max_tries - 1),
+                                 "a larger noise floor, fewer inducing points (or inducing points further apart), or "
+                                 "dtype='float64'")
 
 
-# The columns of one panel of the blocked factorisation: its trailing updates are matrix products of that inner
-# size, which on a CPU run at the machine's rate from a few hundred (512 was the fastest measured: docs/choosing.md)
-# and on a GPU want more.
+def _non_finite(what: str, shape, count: str = "") -> NotPSDError:
+    return NotPSDError(f"The {what} ({tuple(shape)}) has {count}NaN/inf entries, so it has no Cholesky factor. This "
+                       "usually means the training diverged: lower the learning rate, or use dtype='float64'.")
+
+
+def _not_positive_definite(what: str, shape, jitter: float, remedy: str) -> NotPSDError:
+    return NotPSDError(f"The {what} ({tuple(shape)}) is not positive definite, even after adding jitter up to "
+                       f"{jitter:.1e} x its mean diagonal. Try {remedy}.")
+
+
+# The columns of one panel of the blocked factorisation: its trailing updates are matrix products of that inner size,
+# which reach a CPU's matrix-product rate from a few hundred columns and a GPU's from a few thousand.
 CHOLESKY_PANEL = {"cpu": 512, "cuda": 4096}
 
 
@@ -171,12 +174,9 @@ def cholesky_in_place(A: Tensor, fill: Callable[[Tensor], None], *, jitter: floa
         fill(A)  # the failed factorisation overwrote it
         if attempt == 0 and not all(torch.isfinite(A[i:i + block, :i + block].tril(i)).all()
                                     for i in range(0, A.shape[0], block)):
-            raise NotPSDError(f"The {what} ({tuple(A.shape)}) has NaN/inf entries, so it has no Cholesky factor. "
-                              "This usually means the training diverged: lower the learning rate, or use "
-                              "dtype='float64'.")
-    raise NotPSDError(
-        f"The {what} ({tuple(A.shape)}) is not positive definite, even after adding jitter up to "
-        f"{jitter * 10 ** (max_tries - 1):.1e} x its mean diagonal. Try a larger noise floor (noise_floor=...).")
+            raise _non_finite(what, A.shape)
+    raise _not_positive_definite(what, A.shape, jitter * 10 ** (max_tries - 1),
+                                 "a larger noise floor (noise_floor=...)")
 
 
 def _potrf_lower_(A: Tensor, block: int) -> bool:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from . import lbfgs
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .device import check_failed, deferred_checks, pinned_for, to_device
-from .distributed import LOCAL, Comm, broadcast_state
+from .distributed import LOCAL, Comm, broadcast_state, gather_rows
 from .heap import hold_freed_heap
 from .io import check_writable, write_atomically
 from .linalg import NotPSDError
@@ -532,7 +532,7 @@ def _step(model, objective, X, y, batch: _Batch, optimiser, shard: Shard, comm: 
     if batch.rows is None:
         xb, yb = X, y
     elif batch.gathered:
-        xb, yb = _gather_batch(X, y, batch.rows, shard, comm)
+        xb, yb = gather_rows(X, y, batch.rows, shard.offset, comm)
     else:
         xb, yb = X[batch.rows], y[batch.rows]
     model.natural_gradient_step(xb, yb, shard.n_global, comm, batch.share)
@@ -640,18 +640,7 @@ def initialisation_rows(X: Tensor, y: Tensor, seed: int, comm: Comm = LOCAL) -> 
     else:
         draw = torch.randperm(shard.n_global, generator=torch.Generator().manual_seed(seed))
         rows = draw[:INIT_ROWS].sort().values
-    return _gather_batch(X, y, rows, shard, comm)
-
-
-def _gather_batch(X: Tensor, y: Tensor, rows: Tensor, shard: Shard, comm: Comm) -> tuple[Tensor, Tensor]:
-    """The global batch ``rows`` [B] of every rank's (X, y), in batch order: each rank fills in the rows it holds
-    and a sum over ranks completes the batch (B (d + 1) numbers)."""
-    here = ((rows >= shard.offset) & (rows < shard.offset + shard.n)).to(X.device)
-    batch = torch.zeros(rows.shape[0], X.shape[1] + 1, dtype=X.dtype, device=X.device)
-    local = (rows.to(X.device)[here] - shard.offset)
-    batch[here] = torch.cat([X[local], y[local].unsqueeze(-1)], dim=1)
-    batch = comm.all_reduce_sum(batch)
-    return batch[:, :-1], batch[:, -1]
+    return gather_rows(X, y, rows, shard.offset, comm)
 
 
 @torch.no_grad()

@@ -33,8 +33,8 @@ from torch import Tensor
 
 from ..defaults import CHOLESKY_MEMORY_FRACTION
 from ..device import to_device
-from ..distributed import LOCAL, Comm, global_count
-from ..iterative import LanczosVariance, Preconditioner, cg, solve_and_logdet
+from ..distributed import LOCAL, Comm, gather_rows, global_count, row_offset
+from ..iterative import LanczosVariance, Preconditioner, cg, pivoted_cholesky, solve_and_logdet
 from ..linalg import CORE, cho_solve_triangular, cholesky_in_place, gaussian_log_likelihood, solve_lower
 from ..memory import available_bytes, check_fits, gib, per_process_bytes
 from ..shards import row_blocks
@@ -65,8 +65,9 @@ class ExactGP(GPModel):
             every row. The posterior always uses every row.
         inference: ``"cholesky"``, ``"iterative"``, or ``"auto"``: the Cholesky factor while its 8 n^2 bytes take at
             most 80% of the free memory (each process forms it over all the rows: on the CPU the processes share the
-            least free memory of any of them), else the iterative solver, whose rows the processes share. It decides for the posterior over all n rows
-            and for the evidence of the ``evidence_rows`` training sees, separately.
+            least free memory of any of them), else the iterative solver, whose rows the processes share. It
+            decides for the posterior over all n rows and for the evidence of the ``evidence_rows`` training sees,
+            separately.
         cg_tolerance: conjugate gradients stop when every column's residual is at most this times its right-hand
             side's norm.
         max_cg_iterations: and after at most this many iterations (a warning says the tolerance was not reached).
@@ -80,9 +81,9 @@ class ExactGP(GPModel):
 
     full_batch = True
     posterior_options = ("inference", "cg_tolerance", "max_cg_iterations", "preconditioner_rank", "variance_rank")
-    # the n x n factor (10 GB at 36,000 rows) is neither saved nor copied: it is formed again from X when a variance
-    # first needs it
-    rebuilt_cache = ("L",)
+    # the n x n factor (10 GB at 36,000 rows) and the CG preconditioner's factor are neither saved nor copied: they are
+    # formed again from X when a variance first needs them
+    rebuilt_cache = ("L", "P")
 
     def __init__(self, n_features: int, *, evidence_rows: int | None = 5000, inference: str = "auto",
                  cg_tolerance: float = 1e-6, max_cg_iterations: int = 1000, preconditioner_rank: int = 100,
@@ -149,18 +150,13 @@ class ExactGP(GPModel):
             return X, y
         generator = torch.Generator().manual_seed(int(self.evidence_seed))
         rows = torch.randperm(num_data, generator=generator)[: int(self.evidence_rows)].sort().values
-        if comm.world_size > 1:
-            sizes = comm.all_gather(torch.tensor([X.shape[0]])).tolist()
-            offset = sum(sizes[: comm.rank])
-            held = (rows >= offset) & (rows < offset + X.shape[0])
-            table = torch.zeros(rows.shape[0], X.shape[1] + 1, dtype=X.dtype, device=X.device)
-            table[held.to(X.device)] = torch.cat([X, y.unsqueeze(-1)], 1)[(rows[held] - offset).to(X.device)]
-            table = comm.all_reduce_sum(table)  # every process's rows of the subset, on every process
-            bounds = row_blocks(rows.shape[0], comm.world_size)
-            mine = table[int(bounds[comm.rank]): int(bounds[comm.rank + 1])]
-            return mine[:, :-1], mine[:, -1]
-        rows = rows.to(X.device)
-        return X[rows], y[rows]
+        if comm.world_size == 1:
+            rows = rows.to(X.device)
+            return X[rows], y[rows]
+        bounds = row_blocks(rows.shape[0], comm.world_size)  # this process's block of the subset's rows
+        X, y = gather_rows(X, y, rows, row_offset(X.shape[0], comm), comm)
+        mine = slice(int(bounds[comm.rank]), int(bounds[comm.rank + 1]))
+        return X[mine], y[mine]
 
     def _iterative_log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm) -> Tensor:
         """The evidence by BBMM: its value from one preconditioned CG run on [y, z_1 .. z_t] (alpha, and the
@@ -174,10 +170,11 @@ class ExactGP(GPModel):
                                preconditioner=self._preconditioner(op), tol=self.cg_tolerance,
                                max_iterations=self.max_cg_iterations)
         value = -0.5 * run.inv_quad[0] - 0.5 * run.logdet - 0.5 * op.n_global * math.log(2 * math.pi)
-        alpha, W, Q = run.solution, run.probe_solutions, run.probe_preconditioned
-        t = W.shape[1]
-        quadratic = (op.bilinear(alpha, alpha) - op.bilinear(W, Q) / t
-                     + noise * ((alpha * alpha).sum() - (W * Q).sum() / t))
+        t = run.probe_solutions.shape[1]
+        # [alpha, W / t] and [alpha, -Q]: both terms of the surrogate in one pass over K
+        left = torch.cat([run.solution, run.probe_solutions / t], 1)
+        right = torch.cat([run.solution, -run.probe_preconditioned], 1)
+        quadratic = op.bilinear(left, right) + noise * (left * right).sum()
         surrogate = 0.5 * comm.all_reduce_sum(quadratic)
         return value.to(surrogate.dtype) + surrogate - surrogate.detach()
 
@@ -249,7 +246,12 @@ class ExactGP(GPModel):
             self.cache["L"] = self._factor(self.cache["X"])
         if "L" in self.cache:
             return cho_solve_triangular(self.cache["L"], B.to(CORE))
-        return self._cg_solve(BlockedKernel(self.kernel, self.cache["X"]), B).to(CORE)
+        op = BlockedKernel(self.kernel, self.cache["X"])
+        if "P" not in self.cache:  # the preconditioner's factor, formed once for every chunk of test rows
+            self.cache["P"] = pivoted_cholesky(op, self.preconditioner_rank)
+        P = Preconditioner(op, self.noise.detach(), self.cache["P"])
+        return cg(op, self.noise.detach(), B.to(op.dtype), preconditioner=P, tol=self.cg_tolerance,
+                  max_iterations=self.max_cg_iterations).solution.to(CORE)
 
     def _explained(self, Kxs: Tensor) -> Tensor:
         """``diag(K_*X Khat^{-1} K_X*)`` [c] for K_X* [n, c]: ``|L^{-1} K_X*|^2`` by the factor, ``|R^T K_X*|^2`` by the
@@ -271,8 +273,8 @@ class ExactGP(GPModel):
     @torch.no_grad()
     def predict_cov(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """Mean [n*] and covariance ``K_** - K_*X Khat^{-1} K_X*`` [n*, n*] at X [n*, d], a block of columns at a
-        time: Z_j = Khat^{-1} K_X,j for a chunk j of the test rows, then every block ``K_*i,*j - K_*i,X Z_j``; the
-        memory beside the result is O(n c), not O(n n*)."""
+        time: Z_j = Khat^{-1} K_X,j for a chunk j of the test rows, then the blocks ``K_*i,*j - K_*i,X Z_j`` for i
+        >= j, each mirrored above the diagonal; the memory beside the result is O(n c), not O(n n*)."""
         if not self.cache:
             raise NotFittedPosteriorError("The exact model has no posterior yet: call fit_posterior(X, y) first.")
         X = to_device(X, self.device)
@@ -283,10 +285,11 @@ class ExactGP(GPModel):
             Kj = self.kernel(train, Xj).to(CORE)
             means.append(Kj.T @ self.cache["alpha"])
             Zj = self.cache["R"] @ (self.cache["R"].T @ Kj) if "R" in self.cache else self._solve(Kj)
-            row = 0
-            for Xi in chunks:
-                cov[row:row + Xi.shape[0], start:start + Xj.shape[0]] = (
-                    self.kernel(Xi, Xj).to(CORE) - self.kernel(train, Xi).to(CORE).T @ Zj)
+            row = start
+            for Xi in X[start:].split(self.rows_per_chunk()):
+                block = self.kernel(Xi, Xj).to(CORE) - self.kernel(train, Xi).to(CORE).T @ Zj
+                cov[row:row + Xi.shape[0], start:start + Xj.shape[0]] = block
+                cov[start:start + Xj.shape[0], row:row + Xi.shape[0]] = block.T
                 row += Xi.shape[0]
             start += Xj.shape[0]
         return torch.cat(means).to(X.dtype), cov.to(X.dtype)

@@ -1,3 +1,6 @@
+import builtins
+import errno
+import io
 import os
 
 import numpy as np
@@ -28,6 +31,50 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class _FillingFile:
+    """A file open for writing on a disk with ``disk["room"]`` bytes (or characters) left: a write takes what fits,
+    then raises ENOSPC as a full disk does."""
+
+    def __init__(self, file, disk: dict):
+        self._file, self._disk = file, disk
+
+    def write(self, data):
+        fits = data[:self._disk["room"]]
+        self._disk["room"] -= len(fits)
+        self._file.write(fits)
+        if len(fits) < len(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return len(data)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``full_disk(room)``: from then on the disk has ``room`` bytes left, shared by every file opened for writing
+    (with ``open``, or ``io.open`` as ``Path.write_text`` and ``os.fdopen`` do); the write that goes past them writes
+    what fits and fails with ENOSPC."""
+    def fill(room: int) -> None:
+        disk = {"room": room}
+
+        def filling(opener):
+            def open_(file, mode="r", *args, **kwargs):
+                f = opener(file, mode, *args, **kwargs)
+                return _FillingFile(f, disk) if set(mode) & set("wax+") else f
+            return open_
+
+        monkeypatch.setattr(builtins, "open", filling(builtins.open))
+        monkeypatch.setattr(io, "open", filling(io.open))
+    return fill
 
 
 def toy_regression(n=200, d=2, seed=0, noise=0.1, dtype=torch.float64):

@@ -120,3 +120,39 @@ def test_step_time_times_a_minibatch_method(capsys):
     assert "CPU s per step" in capsys.readouterr().out
 
 
+
+def test_a_full_disk_while_writing_predictions_keeps_the_earlier_file_and_says_where_and_what_to_do(
+        tmp_path, train_csv, full_disk, capsys):
+    path, _, _ = train_csv
+    model, out = tmp_path / "m.gps", tmp_path / "out.csv"
+    assert main(["fit", str(path), "--target", "target", "--method", "exact", "--epochs", "2", "--quiet", "-o",
+                 str(model)]) == 0
+    earlier = b"mean,std\r\n1.5,0.25\r\n"  # predictions of an earlier run
+    out.write_bytes(earlier)
+    capsys.readouterr()
+    full_disk(30)  # room for the header and part of the first row
+    assert main(["predict", str(model), str(path), "-o", str(out)]) == 2
+    assert out.read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gps", "out.csv", "train.csv"]  # no temporary file
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("gpscale: error: [Errno 28] could not write ")
+    assert f"{out} (No space left on device); the earlier out.csv is left as it was" in err[0]
+    assert "Free space on that disk" in err[0]
+
+
+@pytest.mark.parametrize("column, cell", [("b", "NaN"), ("b", "-inf"), ("target", "nan"), ("target", "Infinity")])
+def test_a_non_finite_cell_is_refused_with_its_line_and_column(tmp_path, train_csv, capsys, column, cell):
+    path, _, _ = train_csv
+    lines = path.read_text().splitlines()
+    names = lines[0].split(",")
+    row = lines[5].split(",")
+    row[names.index(column)] = cell
+    lines[5] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+    model = tmp_path / "m.gps"
+    assert main(["fit", str(path), "--target", "target", "--method", "exact", "--epochs", "2", "--quiet", "-o",
+                 str(model)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [(f"gpscale: error: {path}, line 6, column {column!r}: {cell!r} is not a finite number. Remove "
+                    "that row or impute the cell.")]
+    assert not model.exists()

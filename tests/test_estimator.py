@@ -146,12 +146,15 @@ def test_return_cov_equals_the_dense_formula_for_the_exact_gp():
     np.testing.assert_allclose(std_latent**2 + noise.item() * reg.y_std_**2, std**2, rtol=1e-8)
 
 
-def test_return_cov_has_a_size_guard(monkeypatch):
+def test_return_cov_is_refused_where_it_does_not_fit_in_memory(monkeypatch):
     X, y = data(40)
     reg = GPRegressor(method="exact", progress=False).fit(X, y)
-    monkeypatch.setattr(gpscale.estimator, "COV_MAX_ROWS", 10)
-    with pytest.raises(ValueError, match="X has 11 rows: a joint covariance of more than 10 rows"):
-        reg.predict(X[:11], return_cov=True)
+    monkeypatch.setattr("gpscale.memory.available_bytes", lambda device: 20_000)  # 2 x 8 x 40^2 bytes do not fit
+    with pytest.raises(gpscale.memory.InsufficientMemoryError,
+                       match=r"joint predictive covariance of 40 rows in host memory \(2 matrices of 40 x 40 "
+                             r"float64\) needs .* Ask for return_std=True"):
+        reg.predict(X, return_cov=True)
+    assert reg.predict(X[:20], return_cov=True)[1].shape == (20, 20)  # 2 x 8 x 20^2 bytes fit
 
 
 @pytest.mark.parametrize("latent", [False, True])

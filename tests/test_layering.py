@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
 # training; the estimators; the benchmark; the command line
 LAYERS = [
     {"_version", "_stack", "device", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs",
-     "mcmc", "operators", "io", "data", "options", "cite", "heap", "memory", "iterative"},
+     "mcmc", "operators", "io", "data", "options", "cite", "heap", "memory", "iterative",
+     "preemption", "checkpoint"},
     {"kernels", "likelihoods"},
     {"models", "describe"},
     {"train"},

@@ -6,7 +6,9 @@ from .linalg import NotPSDError, NumericalWarning
 from .models import available_methods
 from .models._extrapolation import ExtrapolationWarning
 from .models.grief_i_chains import ConvergenceWarning
+from .preemption import Stopped
+from .scaling import OutlierWarning
 
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "available_methods", "NotPSDError", "NumericalWarning",
-           "ExtrapolationWarning", "ConvergenceWarning", "cite", "__version__"]
+           "ExtrapolationWarning", "ConvergenceWarning", "OutlierWarning", "Stopped", "cite", "__version__"]

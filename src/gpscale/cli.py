@@ -1,7 +1,9 @@
 """The ``gpscale`` command: fit and predict from CSV files, run benchmarks, list and download datasets.
 
 Every error a user can cause (bad usage, options, data or files) is one line on stderr, ``gpscale: error: ...``, with
-exit status 2, as argparse's own usage errors; an interrupt (Ctrl-C) exits 130.
+exit status 2, as argparse's own usage errors. An interrupt (Ctrl-C) exits 130; SIGTERM and SIGUSR1 (a scheduler's
+notice) exit 128 + the signal's number (143, 138), each with a line saying what was saved and how to continue. A
+``gpscale fit --checkpoint`` stops at the next step boundary with its state saved there.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .distributed import leave_job
+from .preemption import Stopped, stop_signals
 
 __all__ = ["main"]
 
@@ -27,21 +30,41 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return leave_job(args.run(args) or 0)  # a data-parallel command's processes end together, at once
+        with stop_signals():  # SIGTERM and SIGUSR1 end the command as Ctrl-C does, with a message
+            code = args.run(args) or 0
     except BrokenPipeError:  # output piped into e.g. `head`
-        return 0
-    except KeyboardInterrupt:
-        checkpoint = getattr(args, "checkpoint", None)
-        if checkpoint is not None and Path(checkpoint).exists():
-            print(f"gpscale: interrupted; the last finished epoch is in {checkpoint}: run the same command with "
-                  "--resume to continue from it", file=sys.stderr)
-        else:
-            print("gpscale: interrupted", file=sys.stderr)
-        return 130
+        code = 0
+    except KeyboardInterrupt as stop:
+        print(f"gpscale{_process()}: {_stop_message(stop, args)}", file=sys.stderr)
+        code = stop.exit_status if isinstance(stop, Stopped) else 130
     except (ValueError, OSError, RuntimeError) as err:
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"gpscale: error: {message}", file=sys.stderr)
-        return 2
+        print(f"gpscale{_process()}: error: {message}", file=sys.stderr)
+        code = 2
+    return leave_job(code)  # a data-parallel command's processes end at once, whatever the outcome
+
+
+def _process() -> str:
+    """`` (process R)`` in a data-parallel job's processes but the first, whose messages then say whose they are."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return f" (process {rank})" if rank else ""
+
+
+def _stop_message(stop: KeyboardInterrupt, args) -> str:
+    """What an interrupted command tells its user: what stopped it, and where its training state is."""
+    what = f"stopped by {stop.signal_name}" if isinstance(stop, Stopped) else "interrupted"
+    checkpoint = getattr(args, "checkpoint", None)
+    again = "run the same command" + ("" if getattr(args, "resume", True) else " with --resume")
+    if isinstance(stop, Stopped) and stop.checkpoint is not None:
+        return (f"{what}; the training state after {stop.step} steps is saved in {stop.checkpoint}: {again} to "
+                "continue from it")
+    if checkpoint is not None and Path(checkpoint).exists():
+        return f"{what}; the last finished epoch is in {checkpoint}: {again} to continue from it"
+    if args.run is _fit:
+        return f"{what}; nothing was saved (pass --checkpoint FILE to be able to resume a stopped fit)"
+    return what
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,7 +173,7 @@ def _fit(args) -> None:
 
     import torch
 
-    from .distributed import LOCAL, TorchComm, process_device
+    from .distributed import LOCAL, TorchComm, agree, process_device
     from .estimator import GPClassifier, GPRegressor
     from .io import check_writable
 
@@ -159,8 +182,8 @@ def _fit(args) -> None:
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
-    names, table = _read_csv(args.data, shard=(comm.rank, comm.world_size),
-                             text_column=args.target if args.classify else None)
+    names, table = agree(comm, lambda: _read_csv(args.data, shard=(comm.rank, comm.world_size),
+                                                 text_column=args.target if args.classify else None))
     if args.target not in names:
         raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
     target = names.index(args.target)
@@ -188,7 +211,7 @@ def _fit(args) -> None:
 
 def _predict(args) -> None:
     from .estimator import GPClassifier, load
-    from .io import check_writable
+    from .io import check_writable, write_atomically
 
     check_writable(args.output)
     reg = load(args.model)
@@ -200,10 +223,7 @@ def _predict(args) -> None:
     else:
         mean, std = reg.predict(table, return_std=True)
         header, rows = ["mean", "std"], list(zip(mean.tolist(), std.tolist()))
-    with open(args.output, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
+    write_atomically(args.output, lambda f: csv.writer(f).writerows([header, *rows]), text=True)
     print(f"wrote {len(rows)} predictions to {args.output}")
 
 
@@ -301,8 +321,8 @@ def _data_download(args) -> None:
 
 def _read_csv(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | None = None,
               columns: list[str] | None = None) -> tuple[list[str], np.ndarray]:
-    """Header names and a float64 table; non-numeric or missing cells are reported with their position. A UTF-8
-    byte-order mark before the header is not part of the first name.
+    """Header names and a float64 table; non-numeric, non-finite (nan, inf) or missing cells are reported with their
+    position. A UTF-8 byte-order mark before the header is not part of the first name.
 
     ``columns``: only these, in this order (default: all). ``text_column`` (class labels) is kept as the text of
     its cells, so the table is then an object array; a missing label is an error. ``shard=(rank, world_size)``:
@@ -337,10 +357,16 @@ def _read_csv(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | No
 
 
 def _number(path: Path, line: int, column: str, cell: str) -> float:
+    """The cell's finite number; text, a missing value and nan or inf (in any spelling ``float`` reads) are
+    errors that name the cell's line and column."""
     try:
-        return float(cell)
+        value = float(cell)
     except ValueError:
         raise ValueError(f"{path}, line {line}, column {column!r}: {cell!r} is not a number.") from None
+    if not np.isfinite(value):
+        raise ValueError(f"{path}, line {line}, column {column!r}: {cell!r} is not a finite number. Remove that row "
+                         "or impute the cell.")
+    return value
 
 
 def _label(path: Path, line: int, column: str, cell: str) -> str:

@@ -37,7 +37,6 @@ import io
 import math
 import os
 import re
-import tempfile
 import urllib.request
 import zipfile
 import zlib
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .io import write_atomically
 from .scaling import SCALINGS, fit_scaling
 
 UCI_BASE_URL = "https://raw.githubusercontent.com/treforevans/uci_datasets/master/uci_datasets"
@@ -518,6 +518,7 @@ def download_uci(name: str, dest_dir, base_url: str = UCI_BASE_URL, timeout: flo
 
     Raises:
         RuntimeError: the download failed or the content is malformed (the message names the URL).
+        OSError: the file could not be written (the message names it and what to do).
     """
     if not re.fullmatch(r"[A-Za-z0-9_]+", name):
         raise ValueError(f"invalid UCI data-set name {name!r}; known names: {sorted(UCI_SIZES)}.")
@@ -535,14 +536,9 @@ def download_uci(name: str, dest_dir, base_url: str = UCI_BASE_URL, timeout: flo
                            f"{int((mask.sum(axis=1) != 1).sum())} rows are not.")
     dest = Path(dest_dir) / "uci" / f"{name}.npz"
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=dest.parent, suffix=".npz.tmp", delete=False) as tmp:
-        try:
-            np.savez_compressed(tmp, X=data[:, :-1].astype(np.float32), y=data[:, -1].astype(np.float32),
-                                test_fold=mask.argmax(axis=1).astype(np.int8))
-        except BaseException:
-            Path(tmp.name).unlink()
-            raise
-    os.replace(tmp.name, dest)
+    write_atomically(dest, lambda f: np.savez_compressed(f, X=data[:, :-1].astype(np.float32),
+                                                         y=data[:, -1].astype(np.float32),
+                                                         test_fold=mask.argmax(axis=1).astype(np.int8)))
     return dest
 
 

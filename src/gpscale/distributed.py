@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "global_count", "row_offset", "gather_rows", "broadcast_state",
-           "leave_job"]
+__all__ = ["Comm", "LocalComm", "TorchComm", "LOCAL", "agree", "global_count", "row_offset", "gather_rows",
+           "broadcast_state", "leave_job"]
 
+T = TypeVar("T")
 _STARTED_HERE = False  # whether TorchComm.from_env created the process group, which leave_job then destroys
 
 
@@ -100,6 +103,30 @@ def gather_rows(X: Tensor, y: Tensor, rows: Tensor, offset: int, comm: Comm) -> 
     batch[here] = torch.cat([X[local], y[local].unsqueeze(-1)], dim=1)
     batch = comm.all_reduce_sum(batch)
     return batch[:, :-1], batch[:, -1]
+
+
+def agree(comm: Comm, check: Callable[[], T]) -> T:
+    """``check()`` on every process (a collective): its result where it succeeds on every process; where it raises
+    ValueError on any (a check of this process's rows, say), every process raises: the failing ones their own error,
+    the others one naming the first failing process and its message. So that a data-parallel job whose data fail a
+    check on one shard ends on every process with the reason, instead of the others waiting in their next
+    collective."""
+    if comm.world_size == 1:
+        return check()
+    try:
+        result, error = check(), None
+    except ValueError as err:
+        result, error = None, err
+    message = torch.tensor(list(str(error).encode("utf-8")) if error is not None else [], dtype=torch.uint8)
+    sizes = comm.all_gather(torch.tensor([message.numel()])).tolist()
+    texts = comm.all_gather(message).tolist()
+    if error is not None:
+        raise error
+    failed = next((rank for rank, size in enumerate(sizes) if size), None)
+    if failed is not None:
+        start = sum(sizes[:failed])
+        raise ValueError(f"process {failed}: {bytes(texts[start:start + sizes[failed]]).decode('utf-8')}")
+    return result
 
 
 def process_device(device: str) -> str:
@@ -245,9 +272,9 @@ def broadcast_state(module: nn.Module, comm: Comm, src: int = 0) -> None:
 
 
 def leave_job(code: int) -> int:
-    """End this process's part of the data-parallel job that :meth:`TorchComm.from_env` joined, if it did: wait
-    for every process, destroy the process group and exit with ``code`` at once, without the interpreter's
-    finalisation; otherwise return ``code``.
+    """End this process's part of the data-parallel job that :meth:`TorchComm.from_env` joined, if it did: after
+    success wait for every process and destroy the process group; then, whatever ``code``, exit with it at once,
+    without the interpreter's finalisation. Otherwise return ``code``.
 
     Why at once: a gloo worker thread releases each finished collective's tensors after the collective returns,
     and releasing a tensor that Python created takes the interpreter's lock. If the interpreter is already shutting
@@ -260,8 +287,9 @@ def leave_job(code: int) -> int:
 
     if not (_STARTED_HERE and dist.is_initialized()):
         return code
-    dist.barrier()
-    dist.destroy_process_group()
+    if code == 0:  # after a failure another process may never reach the barrier: leave without it
+        dist.barrier()
+        dist.destroy_process_group()
     _STARTED_HERE = False
     sys.stdout.flush()
     sys.stderr.flush()

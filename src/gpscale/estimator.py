@@ -19,23 +19,22 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._version import __version__
 from .defaults import Choice, choose_method, default_dtype, exact_max_steps, sgpr_max_steps
-from .distributed import LOCAL, Comm, TorchComm, global_count
+from .distributed import LOCAL, Comm, TorchComm, agree, global_count
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
-from .memory import per_process_bytes
+from .memory import check_tensors_fit, per_process_bytes
 from .models import available_methods, get_model_class
 from .models.base import GPModel, mixture_moments, option_default, option_names
 from .options import check_options
-from .scaling import SCALINGS, fit_scaling
+from .scaling import SCALINGS, fit_scaling, warn_outlying_targets
 from .train import TrainingError, fit
 
-__all__ = ["GPRegressor", "GPClassifier", "load", "COV_MAX_ROWS", "resolve_dtype", "check_device",
-           "boolean_options"]
+__all__ = ["GPRegressor", "GPClassifier", "load", "resolve_dtype", "check_device", "boolean_options"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
-# return_cov and sample_y form an n* x n* matrix: 10,000 rows are 800 MB in float64
-COV_MAX_ROWS = 10_000
+# float64 n* x n* matrices return_cov and sample_y hold in host memory: the covariance and sample_y's Cholesky factor
+JOINT_HOST_MATRICES = 2
 # Sizes of a basis placed at training rows (k-means centres): at most one per row, whatever the method
 SIZES_CAPPED_BY_ROWS = ("n_inducing", "n_mean_inducing", "n_extra_inducing")
 
@@ -157,6 +156,7 @@ class _GPEstimator(BaseEstimator):
             rows = options.get("evidence_rows", option_default(cls, "evidence_rows"))
             choice = replace(choice, max_steps=exact_max_steps(n, rows))
         model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
+        model.check_memory(n, comm)  # before any training: a matrix the fit would form must fit
         if "lengthscale" not in options and not isinstance(options.get("kernel"), Kernel):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
@@ -166,7 +166,9 @@ class _GPEstimator(BaseEstimator):
                          torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
                          batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction,
                          patience=self.patience, val_every=self.val_every, seed=self.seed, progress=self.progress,
-                         checkpoint=self.checkpoint, resume=self.resume, comm=comm, **training)
+                         checkpoint=self.checkpoint, resume=self.resume, comm=comm,
+                         checkpoint_settings=_checkpoint_settings(options, x_scale, fitted),
+                         **training)
         except (NotPSDError, TrainingError) as error:
             given = _given_hyperparameters(options)
             if given:
@@ -531,9 +533,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         self._check_settings()
         if not isinstance(self.normalize_y, (bool, np.bool_)):
             raise ValueError(f"normalize_y must be True or False, got {self.normalize_y!r}.")
-        X, y = validate_data(self, _as_numpy(X), _numeric_targets(_as_numpy(y)), y_numeric=True,
-                             ensure_min_samples=2, dtype=np.float64)
         comm = self._comm()
+        _check_global_rows(X, comm)
+        X, y = agree(comm, lambda: validate_data(self, _as_numpy(X), _numeric_targets(_as_numpy(y)), y_numeric=True,
+                                                 ensure_min_samples=_min_rows(comm), dtype=np.float64))
+        warn_outlying_targets(y, comm)
         y_scale = fit_scaling(y, "standard" if self.normalize_y else "none", comm)
         if y_scale.constant:
             raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
@@ -550,8 +554,9 @@ class GPRegressor(RegressorMixin, _GPEstimator):
     @torch.no_grad()
     def predict(self, X, return_std=False, return_cov=False, latent=False):
         """The predictive mean (n*,) of y; with ``return_std=True`` also its standard deviation (n*,), with
-        ``return_cov=True`` its covariance (n*, n*) (at most ``COV_MAX_ROWS`` rows), both noise included unless
-        ``latent=True``, which gives the moments of the noise-free function f instead."""
+        ``return_cov=True`` its covariance (n*, n*) (refused, with InsufficientMemoryError, where it would not fit in
+        memory), both noise included unless ``latent=True``, which gives the moments of the noise-free function f
+        instead."""
         if return_std and return_cov:
             raise ValueError("Ask for return_std or return_cov, not both: the std is the root of cov's diagonal.")
         if return_cov:
@@ -590,15 +595,15 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         """The joint predictive (mean, covariance) of standardised f, or of y unless ``latent``, as float64 numpy."""
         check_is_fitted(self, "model_")
         rows = len(X)
-        if rows > COV_MAX_ROWS:
-            raise ValueError(f"X has {rows:,} rows: a joint covariance of more than {COV_MAX_ROWS:,} rows "
-                             f"({rows**2 * 8 / 2**30:.1f} GiB in float64) is refused. Ask for return_std=True "
-                             "(marginal variances, any number of rows), or pass the rows in blocks.")
+        check_tensors_fit((rows, rows), torch.float64, copies=JOINT_HOST_MATRICES,
+                          what=f"The joint predictive covariance of {rows:,} rows in host memory",
+                          advice="Ask for return_std=True (marginal variances, any number of rows, formed in chunks), "
+                                 "or pass the rows in blocks.")
         X = self._inputs(X)
         mean, cov = self.model_.predict_cov(X)
         mean, cov = mean.double().cpu().numpy(), cov.double().cpu().numpy()
         if not latent:
-            cov = cov + float(self.model_.likelihood.noise) * np.eye(len(mean))
+            cov[np.diag_indices(len(mean))] += float(self.model_.likelihood.noise)
         return mean, cov
 
     def _header(self) -> dict:
@@ -649,10 +654,17 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     def fit(self, X, y):
         """Train on X (n, d) and labels y (n,). Returns self."""
         self._check_settings()
-        _check_labels(_as_numpy(y))
-        X, y = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=2, dtype=np.float64)
-        check_classification_targets(y)
         comm = self._comm()
+
+        def validated():
+            _check_labels(_as_numpy(y))
+            checked = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=_min_rows(comm),
+                                    dtype=np.float64)
+            check_classification_targets(checked[1])
+            return checked
+
+        _check_global_rows(X, comm)
+        X, y = agree(comm, validated)
         classes = _global_classes(y, comm)
         C = len(classes)
         if C < 2:
@@ -790,6 +802,39 @@ def _given_hyperparameters(options: dict) -> str:
     if options.get("learn_noise") is False:
         given.append("learn_noise=False")
     return ", ".join(given)
+
+
+def _checkpoint_settings(options: dict, x_scale, fitted: dict) -> dict[str, str]:
+    """What a training checkpoint records of a fit beyond the data the model sees (:mod:`gpscale.checkpoint`): the
+    model's options, and the scaling of X and of the targets (shifted data scale to the same rows), to 6 digits."""
+    def digits(value) -> str:
+        values = np.asarray(value)
+        if values.dtype.kind not in "fiu":
+            return repr(values.tolist())
+        return " ".join(f"{v:.6g}" for v in np.atleast_1d(values.astype(np.float64)))
+
+    scaling = {"x_shift": x_scale.shift, "x_scale": x_scale.scale, **fitted}
+    return {**{name: repr(value) for name, value in options.items()},
+            **{name: digits(value) for name, value in scaling.items()}}
+
+
+def _min_rows(comm: Comm) -> int:
+    """The rows each process's part of X must have: 2 in one process; 1 under data parallelism, where
+    :func:`_check_global_rows` counts them all."""
+    return 2 if comm.world_size == 1 else 1
+
+
+def _check_global_rows(X, comm: Comm) -> None:
+    """Under data parallelism: at least 2 rows over the processes' parts of X, and at least 1 in each (the same
+    error on every process)."""
+    if comm.world_size == 1:
+        return
+    counts = comm.all_gather(torch.tensor([len(X)])).tolist()
+    if sum(counts) < 2 or min(counts) < 1:
+        rows = f"{sum(counts):,} row{'s' if sum(counts) != 1 else ''}"
+        raise ValueError(f"The data have {rows}, parted {counts} over {comm.world_size} processes: "
+                         "a data-parallel fit needs at least 2 rows in all and 1 on each process. Fit in one "
+                         "process, or with fewer processes.")
 
 
 def _numeric_targets(y):

@@ -8,6 +8,7 @@ never leaves half a model behind.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -47,17 +48,31 @@ def write_model_file(path: str | os.PathLike, header: dict, tensors: dict) -> No
     write_atomically(path, lambda f: f.write(body + hashlib.sha256(body).digest()))
 
 
-def write_atomically(path: str | os.PathLike, write) -> None:
+def write_atomically(path: str | os.PathLike, write, text: bool = False) -> None:
     """Call ``write(f)`` on a temporary file beside ``path`` and move it into place: ``path`` holds either its
     earlier content or the whole new one, whatever interrupts the write. The temporary file goes on failure, and
-    those of writes killed outright (SIGKILL, power loss) go at the next write to the same path."""
+    those of writes killed outright (SIGKILL, power loss) go at the next write to the same path.
+
+    ``f`` is a binary file, or with ``text`` a UTF-8 text file that writes line ends as given (what :mod:`csv`
+    needs). An OSError while writing (a full disk, a quota, a read-only file system) is raised as an OSError of the
+    same errno whose message names ``path``, says that its earlier content is left as it was, and what to do."""
     path = Path(path)
     check_writable(path)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)
+    existed = path.exists()
+    try:
+        _write_and_replace(path, write, text)
+    except OSError as err:
+        raise _write_error(path, existed, err) from err
+
+
+def _write_and_replace(path: Path, write, text: bool) -> None:
+    """Write a temporary file beside ``path`` with ``write``, sync it to disk and rename it to ``path``; remove it
+    on failure."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -65,6 +80,22 @@ def write_atomically(path: str | os.PathLike, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_error(path: Path, existed: bool, err: OSError) -> OSError:
+    """``err``, raised while writing ``path``, as an OSError of the same errno (and so the same subclass) whose
+    message names the path, what became of it and what to do."""
+    kept = f"the earlier {path.name} is left as it was" if existed else "nothing was written there"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        remedy = "Free space on that disk (or raise the quota), or write to another folder."
+    elif err.errno == errno.EFBIG:
+        remedy = "Write to a file system that takes files this large, or raise your file-size limit."
+    elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        remedy = "Write to a folder you can write to."
+    else:
+        remedy = "Check that disk, or write to another folder."
+    message = f"could not write {path} ({err.strerror or err}); {kept}. {remedy}"
+    return OSError(err.errno, message) if err.errno is not None else OSError(message)
 
 
 def check_writable(path: str | os.PathLike) -> None:

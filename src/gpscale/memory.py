@@ -13,12 +13,13 @@ caching allocator holds unused.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "gib", "per_process_bytes"]
+__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "check_tensors_fit", "gib", "per_process_bytes"]
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -70,6 +71,17 @@ def check_fits(n_bytes: float, *, what: str, device: torch.device | str = "cpu",
         raise InsufficientMemoryError(
             f"{what} needs {gib(n_bytes)}, but {torch.device(device).type} memory has {gib(free)} free "
             f"(at most {fraction:.0%} of it is used for one allocation). {advice}")
+
+
+def check_tensors_fit(shape: tuple[int, ...], dtype: torch.dtype, *, what: str, advice: str,
+                      device: torch.device | str = "cpu", copies: int = 1) -> None:
+    """:func:`check_fits` for ``copies`` tensors of ``shape`` and ``dtype`` held at once (a matrix, and the copies and
+    gradients of its size that the step holds beside it), before any of them is allocated; the message gives
+    ``what`` with the shape and the dtype."""
+    n_bytes = copies * math.prod(int(s) for s in shape) * dtype.itemsize
+    held = " x ".join(f"{int(s):,}" for s in shape) + f" {str(dtype).removeprefix('torch.')}"
+    count = f"{copies} matrices of " if copies > 1 else ""
+    check_fits(n_bytes, what=f"{what} ({count}{held})", device=device, advice=advice)
 
 
 def _meminfo_available() -> int | None:

@@ -13,19 +13,33 @@ signal and noise variances) suit any data set and test rows are mapped exactly a
 - ``'none'``: shift 0, scale 1 (inputs already on a natural scale: unit vectors, pixel intensities).
 
 A column without spread keeps scale 1, so it maps to a constant (0 under the first three) rather than NaN.
+Regression targets are checked for extreme outliers first (:func:`warn_outlying_targets`), which would dominate
+their standard deviation.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .distributed import LOCAL, Comm
+from ._stack import user_stacklevel
+from .distributed import LOCAL, Comm, row_offset
 
-__all__ = ["SCALINGS", "Scaling", "fit_scaling"]
+__all__ = ["OUTLIER_THRESHOLD", "SCALINGS", "OutlierWarning", "Scaling", "fit_scaling", "warn_outlying_targets"]
 
 SCALINGS = ("standard", "minmax", "center", "none")
+
+# robust standard deviations from the median: a Student-t(3) draw lies this far once in 7e8 draws, while one such
+# value among n targets inflates their standard deviation about 1000 / sqrt(n) times
+OUTLIER_THRESHOLD = 1000.0
+_MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
+
+
+class OutlierWarning(UserWarning):
+    """Regression targets hold values so far from the others that they dominate the targets' scaling, and so the
+    fit (a model may then predict little more than a constant)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,36 @@ def fit_scaling(A, how: str = "standard", comm: Comm = LOCAL) -> Scaling:
         spread = np.sqrt(_global_sum(((A - shift) ** 2).sum(axis=0), comm) / n)
     scale = np.ones_like(spread) if how == "center" else np.where(spread > 0, spread, 1.0)
     return Scaling(how, shift, scale, spread == 0)
+
+
+def warn_outlying_targets(y, comm: Comm = LOCAL) -> None:
+    """Warn (:class:`OutlierWarning`) when targets y [n] lie further than :data:`OUTLIER_THRESHOLD` robust standard
+    deviations from their median, naming how many, up to five of them by their 0-based row of y with their values,
+    and what to do. Under data parallelism each process checks its own rows and names them by their global row
+    (:func:`gpscale.distributed.row_offset`)."""
+    y = np.asarray(y, dtype=np.float64)
+    offset = row_offset(len(y), comm)  # on every process: a collective
+    rows = np.flatnonzero(robust_z_scores(y) > OUTLIER_THRESHOLD)
+    if rows.size == 0:
+        return
+    how_many = "1 target lies" if rows.size == 1 else f"{rows.size} targets lie"
+    shown = ", ".join(f"y[{offset + i}] = {y[i]:.6g}" for i in rows[:5]) + (", ..." if rows.size > 5 else "")
+    warnings.warn(
+        f"{how_many} over {OUTLIER_THRESHOLD:g} robust standard deviations from the median of y ({shown}): such "
+        "values dominate the scaling of y and the fit, which may then predict little more than a constant. Check "
+        "those rows; remove them, or transform y (e.g. its logarithm) if such values are real.", OutlierWarning,
+        stacklevel=user_stacklevel())
+
+
+def robust_z_scores(y: np.ndarray) -> np.ndarray:
+    """|y - median(y)| [n] in robust standard deviations: 1.4826 times the median of the absolute deviations that
+    are not zero, so that targets most of which share one value (counts, zero-inflated data) keep the spread of the
+    others; all zeros when every target is the median."""
+    deviation = np.abs(y - np.median(y))
+    spread = deviation[deviation > 0]
+    if spread.size == 0:
+        return np.zeros_like(deviation)
+    return deviation / (_MAD_TO_SD * np.median(spread))
 
 
 def _global_sum(a: np.ndarray, comm: Comm) -> np.ndarray:

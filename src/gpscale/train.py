@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -21,13 +22,15 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import lbfgs
+from .checkpoint import CheckpointError, check_resumable, data_fingerprint, read_checkpoint, write_checkpoint
 from .defaults import CONVERGENCE, Convergence, Training, resolve_training
 from .device import check_failed, deferred_checks, pinned_for, to_device
 from .distributed import LOCAL, Comm, broadcast_state, gather_rows
 from .heap import hold_freed_heap
-from .io import check_writable, write_atomically
+from .io import check_writable
 from .linalg import NotPSDError
 from .models.base import GPModel
+from .preemption import Stopped, StopRequest, deferred_stop
 
 __all__ = ["initialisation_rows", "fit", "adam", "FitResult", "TrainingError", "OPTIMIZERS"]
 
@@ -102,6 +105,7 @@ def fit(
     resume: bool = False,
     comm: Comm = LOCAL,
     convergence: Convergence = CONVERGENCE,
+    checkpoint_settings: dict | None = None,
 ) -> FitResult:
     """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
 
@@ -141,8 +145,12 @@ def fit(
             :func:`progress_bar`).
         max_restarts: on :class:`NotPSDError` or a non-finite loss, restart from the initial parameters,
             perturbed, at most this many times; then raise with a remedy.
-        checkpoint: a file written (atomically) after every epoch; with ``resume=True`` training continues
-            from it when it exists.
+        checkpoint: a file written (atomically) after every epoch, with a fingerprint of the data and the
+            settings (:mod:`gpscale.checkpoint`); with ``resume=True`` training continues from it when it exists,
+            to the model an uninterrupted fit gives, and refuses a checkpoint of other data or settings. While
+            training with a checkpoint, SIGTERM, SIGUSR1 and SIGINT stop it at the next step boundary: the state is
+            saved there, mid-epoch included, and :class:`~gpscale.preemption.Stopped` raised
+            (:mod:`gpscale.preemption`).
         comm: the processes of a data-parallel job (:mod:`gpscale.distributed`), each passing its own shard of
             the rows as (X, y). The model is initialised on rank 0 from :func:`initialisation_rows` (the same
             rows whatever the number of processes) and broadcast; every epoch draws one
@@ -156,6 +164,9 @@ def fit(
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
             over all held-out rows.
         convergence: the plateau rule of training to convergence.
+        checkpoint_settings: the caller's settings that shape the trained state beyond the model's key, the dtype,
+            the batch size and the validation fraction (the estimator's method options and scaling), names to
+            strings; a checkpoint records them and a resume with other values is refused.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -179,7 +190,12 @@ def fit(
                              "command line) too.")
         if checkpoint is not None and comm.rank == 0:
             check_writable(checkpoint)  # before the first epoch, not after it
-        state = _load_checkpoint(checkpoint) if (resume and checkpoint and Path(checkpoint).exists()) else None
+        saver = None if checkpoint is None else _Checkpointer(
+            checkpoint, data_fingerprint(X, y, comm),
+            {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
+             "batch_size": str(settings.batch_size), "val_fraction": str(val_fraction),
+             **(checkpoint_settings or {})}, comm)
+        state = saver.read() if (resume and saver is not None and Path(checkpoint).exists()) else None
         if state is None:
             X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
             if comm.rank == 0:
@@ -188,7 +204,7 @@ def fit(
             # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
             torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
         else:
-            model.load_state_dict(state["model"])
+            saver.load_model(model, state)
         initial = snapshot(model.state_dict())
         result = FitResult(settings=settings)
         start = time.perf_counter()
@@ -197,9 +213,10 @@ def fit(
                 if settings.optimizer == "lbfgs":
                     _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress, comm=comm)
                 else:
-                    _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings, convergence,
-                              schedule=schedule, patience=patience, val_every=val_every, progress=progress,
-                              checkpoint=checkpoint, comm=comm)
+                    with deferred_stop() if saver is not None else nullcontext() as stop:
+                        _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings,
+                                  convergence, schedule=schedule, patience=patience, val_every=val_every,
+                                  progress=progress, saver=saver, stop=stop, comm=comm)
                 break
             except (NotPSDError, TrainingError) as err:
                 if attempt == max_restarts:
@@ -301,8 +318,11 @@ class _Plateau:
 
 
 def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Training, convergence: Convergence, *,
-              schedule, patience, val_every, progress, checkpoint, comm=LOCAL) -> None:
-    """Adam, for a fixed number of epochs or (``settings.epochs`` None) to convergence by the plateau rule."""
+              schedule, patience, val_every, progress, saver: _Checkpointer | None = None,
+              stop: StopRequest | None = None, comm=LOCAL) -> None:
+    """Adam, for a fixed number of epochs or (``settings.epochs`` None) to convergence by the plateau rule; with a
+    ``saver``, the state saved after every epoch, and at the step boundary where ``stop`` asks to stop, before
+    :class:`Stopped` is raised."""
     model.clear_cache()
     optimiser = adam(model, settings.lr)
     shard = Shard.of(X.shape[0], comm)
@@ -318,17 +338,16 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
     best = {"nlpd": math.inf, "state": None, "epoch": None, "last_good": -1}
     plateau = _Plateau(convergence, patience, state.get("plateau") if state else None,
                        minibatch=not model.full_batch and X_val is None)
-    first = 0
+    first, done_before = 0, _Partial(0, 0.0)  # the epoch to start at, and its steps taken before a stop
     if state is not None:
         optimiser.load_state_dict(state["optimiser"])
         if scheduler is not None:
             scheduler.load_state_dict(state["scheduler"])
         generator.set_state(state["generator"])
-        result.history = state["history"]
-        best = state["best"]
-        if "last_good" not in best:  # checkpoints written before val_every counted the epochs without improvement
-            best["last_good"] = len(state["history"]) - 1 - best.pop("bad")
-        first = len(result.history)
+        torch.set_rng_state(state["random"])
+        result.history, best = state["history"], state["best"]
+        first, done_before = len(result.history), _Partial(*state["partial"])
+    step_state = state["step_state"] if state is not None else {}
     objective = _Objective(model)
     if comm.world_size > 1:
         # DDP must look for parameters without a gradient: empty ones (gamma [0, d] without a mean basis) and those
@@ -343,9 +362,17 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
     for epoch in bar:
         tic = time.perf_counter()
         model.train()
-        loss, redone = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm,
-                              speculate)
-        speculate = speculate and not redone  # a check that failed tends to fail again: check eagerly from now
+        model.set_step_state(step_state)  # a resumed epoch's, saved where it stopped
+        step_state = {}
+        epoch_start = generator.get_state()  # a stop mid-epoch resumes with this epoch's permutation
+        run = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm, speculate,
+                     first_step=done_before.steps, stop=stop)
+        speculate = speculate and not run.redone  # a check that failed tends to fail again: check eagerly from now
+        if run.steps < run.n_steps:  # asked to stop
+            partial = _Partial(run.steps, done_before.total + run.total)
+            saver.save(model, optimiser, scheduler, epoch_start, result.history, best, plateau.state, partial)
+            raise Stopped(stop.pending(comm), checkpoint=saver.path, step=epoch * steps_per_epoch + run.steps)
+        loss, done_before = (done_before.total + run.total) / run.n_steps, _Partial(0, 0.0)
         if scheduler is not None:
             scheduler.step()
         record = {"epoch": epoch, "step": (epoch + 1) * steps_per_epoch, "loss": loss,
@@ -366,9 +393,9 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
                 for group in optimiser.param_groups:
                     group["lr"] *= convergence.lr_factor
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
-        if checkpoint and comm.rank == 0:
-            _save_checkpoint(checkpoint, model, optimiser, scheduler, generator, result.history, best,
-                             plateau.state)
+        if saver is not None:
+            saver.save(model, optimiser, scheduler, generator.get_state(), result.history, best, plateau.state,
+                       _Partial(0, 0.0))
         if verdict == "stop":
             result.converged = True
             break
@@ -547,10 +574,27 @@ def _step(model, objective, X, y, batch: _Batch, optimiser, shard: Shard, comm: 
     return global_loss
 
 
+class _Partial(NamedTuple):
+    """The steps of an epoch taken before a stop, and the sum of their losses."""
+
+    steps: int
+    total: float
+
+
+class _EpochRun(NamedTuple):
+    """What :func:`_epoch` did: the sum of its steps' losses, the steps taken (all ``n_steps`` of the epoch unless
+    asked to stop), and whether it speculated in vain and ran again."""
+
+    total: float
+    steps: int
+    n_steps: int
+    redone: bool
+
+
 def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm,
-           speculate: bool = True) -> tuple[float, bool]:
-    """One pass: the mean loss over its steps (the global loss under data parallelism), and whether it speculated
-    in vain and ran again.
+           speculate: bool = True, first_step: int = 0, stop: StopRequest | None = None) -> _EpochRun:
+    """One pass, from its step ``first_step`` (a resumed epoch), ending before any step when ``stop`` asks (a
+    collective under data parallelism: every process ends at the same step). The losses are the global batch's.
 
     Speculating, the steps never wait for the device: every check inside them (that a Cholesky factorisation
     succeeded, that the loss is finite) is deferred (:func:`gpscale.device.deferred_checks`) and the losses are
@@ -560,34 +604,37 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
     where it would have without speculation: the result is the same either way."""
     batches = _epoch_batches(model, X, generator, batch_size, shard, comm)
 
-    def run() -> Tensor:
+    def run() -> tuple[Tensor, int]:
         total = torch.zeros((), dtype=torch.float64, device=X.device)
-        for batch in batches:
-            total = total + _step(model, objective, X, y, batch, optimiser, shard, comm)
-        return total
+        for step in range(first_step, len(batches)):
+            if stop is not None and stop.pending(comm):
+                return total, step
+            total = total + _step(model, objective, X, y, batches[step], optimiser, shard, comm)
+        return total, len(batches)
 
     if speculate:
         undo = _undoer(model, optimiser, X.device)
-        total, failed = _speculate(run, comm)
+        total, steps, failed = _speculate(run, comm)
         if not failed:
-            return total / len(batches), False
+            return _EpochRun(total, steps, len(batches), False)
         undo()
-    return run().item() / len(batches), speculate
+    total, steps = run()
+    return _EpochRun(total.item(), steps, len(batches), speculate)
 
 
-def _speculate(run: Callable[[], Tensor], comm: Comm) -> tuple[float, bool]:
-    """``run()`` with its checks deferred: its total and whether a check failed (on any rank), read together. An
-    error raised after a check failed is taken for a consequence of it: the steps went on with what the check
-    would have stopped."""
+def _speculate(run: Callable[[], tuple[Tensor, int]], comm: Comm) -> tuple[float, int, bool]:
+    """``run()`` with its checks deferred: its total and steps, and whether a check failed (on any rank), read
+    together. An error raised after a check failed is taken for a consequence of it: the steps went on with what
+    the check would have stopped."""
     try:
         with deferred_checks() as checks:
-            total = run()
+            total, steps = run()
     except Exception:
         if checks.flag is None or not bool(checks.flag):
             raise
-        return math.nan, True
+        return math.nan, 0, True
     total, failed = torch.stack([total, comm.all_reduce_sum(checks.any_failed(total))]).tolist()
-    return total, failed > 0
+    return total, steps, failed > 0
 
 
 def _undoer(model: GPModel, optimiser, device: torch.device) -> Callable[[], None]:
@@ -692,24 +739,38 @@ def _perturb(model: GPModel, generator: torch.Generator, scale: float) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=generator).to(p))
 
 
-def _save_checkpoint(path, model, optimiser, scheduler, generator, history, best, plateau) -> None:
-    state = {
-        "plateau": plateau,
-        "model": model.state_dict(),
-        "optimiser": optimiser.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "generator": generator.get_state(),
-        "history": history,
-        "best": best,
-    }
-    write_atomically(path, lambda f: torch.save(state, f))
+class _Checkpointer:
+    """Writes (rank 0) and reads (every rank) one fit's checkpoint at ``path``, with the fingerprints of its data
+    and settings (:mod:`gpscale.checkpoint`)."""
 
+    def __init__(self, path, data: dict, settings: dict, comm: Comm):
+        self.path, self.data, self.settings, self.comm = path, data, settings, comm
 
-def _load_checkpoint(path) -> dict:
-    try:
-        return torch.load(path, weights_only=True)
-    except Exception as err:
-        raise ValueError(f"Cannot resume from checkpoint {path}: {err}. Delete it to start afresh.") from err
+    def save(self, model, optimiser, scheduler, generator_state: Tensor, history: list[dict], best: dict,
+             plateau: dict, partial: _Partial) -> None:
+        """The training state after the epochs in ``history`` and ``partial.steps`` steps of the next, whose
+        permutation ``generator_state`` draws."""
+        if self.comm.rank != 0:
+            return
+        state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
+                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                 "generator": generator_state, "random": torch.get_rng_state(), "history": history, "best": best,
+                 "plateau": plateau, "partial": tuple(partial),
+                 "step_state": model.step_state() if partial.steps else {}}
+        write_checkpoint(self.path, state, self.data, self.settings)
+
+    def read(self) -> dict:
+        checkpoint = read_checkpoint(self.path)
+        check_resumable(self.path, checkpoint, self.data, self.settings)
+        return checkpoint
+
+    def load_model(self, model: GPModel, checkpoint: dict) -> None:
+        try:
+            model.load_state_dict(checkpoint["model"])
+        except (RuntimeError, KeyError) as err:
+            first = str(err).strip().splitlines()[-1].strip() if str(err).strip() else type(err).__name__
+            raise CheckpointError(f"Cannot resume from {self.path}: its model state does not fit this model "
+                                  f"({first}). Delete it (or give checkpoint= a new file) to start afresh.") from None
 
 
 def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) -> None:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from gpscale.bench.protocols import PROTOCOLS, MethodSpec, Protocol, register_protocol
-from gpscale.bench.report import markdown_table, mean_ranks, print_table, results_section, summarise, write_report
+from gpscale.bench.report import (PLOTS, markdown_table, mean_ranks, print_table, results_section, summarise,
+                                  write_report)
 from gpscale.cli import main
 from gpscale.bench.store import ResultsStore
 
@@ -412,3 +413,25 @@ def test_cli_report_section_prints_it_and_a_report_needs_a_folder(store, capsys)
     assert capsys.readouterr().out == results_section(store)
     assert main(["report", str(store)]) == 2
     assert "--output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failing", ["accuracy.png", "report.md"])
+def test_a_full_disk_while_writing_a_report_keeps_the_earlier_one_and_says_where_and_what_to_do(
+        tmp_path, store, full_disk, capsys, failing):
+    import matplotlib.pyplot  # noqa: F401 - imported (and its caches written) before the disk fills
+
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"report.md": b"# An earlier report\n", **{p: PNG_SIGNATURE + p.encode() for p in PLOTS}}
+    for name, content in earlier.items():
+        (out / name).write_bytes(content)
+    dry = write_report(store, tmp_path / "dry", protocol=PROTOCOL).parent  # the plots of these runs, to size the disk
+    plots = sum((dry / p).stat().st_size for p in PLOTS)
+    full_disk(0 if failing == "accuracy.png" else plots + 100)
+    assert main(["report", str(store), "-o", str(out), "--protocol", PROTOCOL]) == 2
+    kept = earlier if failing == "accuracy.png" else {"report.md": earlier["report.md"]}
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+    assert sorted(p.name for p in out.iterdir()) == sorted(earlier)  # no temporary file
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpscale: error: [Errno 28] could not write {out / failing} (No "
+                                               f"space left on device); the earlier {failing} is left as it was.")

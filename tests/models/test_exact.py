@@ -202,7 +202,8 @@ def test_a_factor_that_does_not_fit_is_refused_before_it_is_allocated(monkeypatc
     with pytest.raises(InsufficientMemoryError,
                        match=r"exact evidence of 200 rows .* Train on fewer rows \(evidence_rows="):
         m.loss(X, y, 200)
-    auto = model()  # "auto": the iterative solver when the factor does not fit
+    # "auto": the iterative solver when the factor does not fit, with ranks whose n x k matrices fit in the 100 kB
+    auto = model(preconditioner_rank=20, variance_rank=20)
     assert auto.solver(200) == "iterative"
     auto.fit_posterior(X, y)
     assert "R" in auto.cache and "L" not in auto.cache

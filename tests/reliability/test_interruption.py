@@ -1,7 +1,8 @@
-"""Interruptions lose nothing. Ctrl-C (SIGINT, handlers run) or SIGKILL (no handler runs) while a model file or a
-checkpoint is written leaves the earlier whole file on disk; the next write clears what a killed one left; a fit
+"""Interruptions lose nothing. Ctrl-C (SIGINT, handlers run), SIGKILL (no handler runs) or a full disk while a model
+file or a checkpoint is written leaves the earlier whole file on disk; the next write clears what a killed one left; a fit
 interrupted either way resumes from its checkpoint to the model an uninterrupted fit gives, to the bit. (An
 interrupted refit of an estimator keeping its earlier model is in test_refused_calls.py.)"""
+import errno
 import os
 import signal
 import subprocess
@@ -55,6 +56,22 @@ def test_ctrl_c_in_the_middle_of_a_save_keeps_the_earlier_file_and_leaves_no_tem
     monkeypatch.undo()
     np.testing.assert_array_equal(load(tmp_path / "m.gps").predict(X), first.predict(X))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gps"]
+
+
+def test_a_full_disk_during_a_save_keeps_the_earlier_file_and_says_where_and_what_to_do(tmp_path, full_disk):
+    first, _ = _fitted()
+    first.save(tmp_path / "m.gps")
+    earlier = (tmp_path / "m.gps").read_bytes()
+    second, _ = _fitted(seed=1)
+    full_disk(1000)
+    with pytest.raises(OSError) as caught:
+        second.save(tmp_path / "m.gps")
+    assert (tmp_path / "m.gps").read_bytes() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gps"]
+    assert caught.value.errno == errno.ENOSPC
+    assert str(caught.value) == (f"[Errno 28] could not write {tmp_path / 'm.gps'} (No space left on device); the "
+                                 "earlier m.gps is left as it was. Free space on that disk (or raise the quota), or "
+                                 "write to another folder.")
 
 
 def test_a_save_clears_only_its_own_files_leftovers_and_checks_its_folder_first(tmp_path):

@@ -36,6 +36,7 @@ from .._version import __version__
 from ..defaults import default_dtype
 from ..distributed import LOCAL
 from ..heap import hold_freed_heap, keep_temporaries_on_heap
+from ..io import write_atomically
 from ..models import get_model_class
 from ..train import Shard, _epoch, _Objective, adam
 
@@ -361,7 +362,7 @@ def run_floor(out: str | Path, methods: list[str] | None = None, say=print) -> P
     machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
                f"{torch.__version__}, gpscale {__version__}, {time.strftime('%Y-%m-%d')}")
     page = f"# FLOP floor\n\n{machine}.\n\n{floor_table(rows, rates, operator_s)}"
-    (out / "floor.md").write_text(page)
-    (out / "floor.json").write_text(json.dumps({"machine": machine, "rates": rates, "operator_s": operator_s,
-                                                "rows": rows}, indent=1))
+    write_atomically(out / "floor.md", lambda f: f.write(page), text=True)
+    table = {"machine": machine, "rates": rates, "operator_s": operator_s, "rows": rows}
+    write_atomically(out / "floor.json", lambda f: json.dump(table, f, indent=1), text=True)
     return out / "floor.md"

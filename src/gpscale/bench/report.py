@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io import write_atomically
 from .protocols import PROTOCOLS
 from .store import ResultsStore
 
@@ -402,8 +403,10 @@ def _plot_calibration(plt, summary: list[dict], path: Path) -> None:
 
 def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomically(path, lambda f: fig.savefig(f, format=path.suffix[1:], dpi=120))
+    finally:
+        plt.close(fig)
 
 
 def _write_plots(summary: list[dict], out_dir: Path) -> None:
@@ -435,17 +438,19 @@ def read_runs(store_paths: str | Path | list, protocol: str | None = None) -> li
 def write_report(store_paths: str | Path | list, out_dir: str | Path, protocol: str | None = None) -> Path:
     """Write ``report.md`` and the plots ``accuracy.png``, ``pareto.png`` and ``calibration.png`` into
     ``out_dir`` from the runs in one or several results files, optionally of one protocol (:func:`read_runs`);
-    returns the report's path."""
+    returns the report's path. Each file is replaced whole (:func:`gpscale.io.write_atomically`), and the plots of
+    an earlier report go only once the new report is written, so a failed write deletes nothing."""
     out_dir = Path(out_dir)
     runs = read_runs(store_paths, protocol)
     summary = summarise(runs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for file in PLOTS:  # plots of an earlier report would describe other runs
-        (out_dir / file).unlink(missing_ok=True)
     if summary:  # runs that scored: a report of failures alone has nothing to plot
         _write_plots(summary, out_dir)
     report = out_dir / "report.md"
-    report.write_text(_markdown(runs, summary), encoding="utf-8")
+    write_atomically(report, lambda f: f.write(_markdown(runs, summary)), text=True)
+    if not summary:  # plots of an earlier report would describe other runs
+        for file in PLOTS:
+            (out_dir / file).unlink(missing_ok=True)
     return report
 
 

@@ -10,6 +10,7 @@ Users: ``sgpr`` and ``vff`` (:class:`CollapsedGP`: whitened inducing features pl
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -20,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from ..device import chunks_on
 from ..distributed import LOCAL, Comm, global_count
 from ..linalg import CORE, cholesky, solve_lower
+from ..memory import check_tensors_fit, per_process_bytes
 from ._weight_space import (Collapsed, FeatureMap, Statistics, accumulate, chunk_sums, collapse_cholesky,
                             collapse_qr, evidence_maximising_noise, gram_and_cross_grad, held_statistics, log_evidence,
                             residual_quad, weight_space_factors)
@@ -33,6 +35,8 @@ CALIBRATION_MODES = (None, "variance", "posterior")
 # the largest Phi [n, r] (float64 bytes per process) that ``residual_evidence`` holds in training: GP-GRIEF's
 # p = 1,000 features of 1.8 million rows are 14 GB, which with the gradient's copies ran a 24 GB machine out of memory
 HELD_FEATURES_BYTES = 2**31
+# and at most this share of the free memory, with its gradient (the rest: the chunks' temporaries and the process)
+HELD_MEMORY_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,10 @@ class FeatureSpaceGP(GPModel):
       adds back ``k(x, x') - phi(x)^T phi(x')``;
     - ``residual_evidence = True`` to hold Phi [n, r] in memory in training (computed in chunks, no graph kept) and
       take the evidence's data fit in its cancellation-free residual form (:func:`residual_quad`), while Phi fits
-      in ``HELD_FEATURES_BYTES``; beyond, the evidence streams its statistics like any other;
-    - :meth:`predictive_extra`, an independent latent variance per test row (a variance correction).
+      (:meth:`holds_features`); beyond, the evidence streams its statistics like any other;
+    - :meth:`predictive_extra`, an independent latent variance per test row (a variance correction);
+    - ``held_features_advice``, what to do instead where Phi held whole would not fit in memory (:meth:`phi`
+      refuses it).
 
     Two engine settings, which a method that offers them takes as constructor options and sets with
     :meth:`set_engine_options` (the others keep the class defaults, so that no method accepts an option it ignores):
@@ -82,6 +88,8 @@ class FeatureSpaceGP(GPModel):
     residual_evidence = False
     solver: str = "auto"
     calibrate_noise: str | None = None
+    # what to do where Phi [n, r] held whole (:meth:`phi`) does not fit: the method's alternatives
+    held_features_advice = "Use fewer features or fewer rows."
 
     def set_engine_options(self, solver: str | None = None, calibrate_noise: str | None = None) -> None:
         """Check, then set, the engine settings a method offers (``solver=None`` keeps the current solver)."""
@@ -112,17 +120,24 @@ class FeatureSpaceGP(GPModel):
     def phi(self, X: Tensor, state: dict[str, Tensor] | None = None) -> Tensor:
         """Phi = phi(X) [n, r] held in memory, computed ``chunk_size`` rows at a time into one tensor. With
         gradients on and several chunks no chunk's graph is kept: the backward pass rebuilds one at a time
-        (:class:`_ChunkedFeatures`)."""
+        (:class:`_ChunkedFeatures`). Phi is refused where it would not fit (:meth:`check_held_features`)."""
         state = self.feature_state() if state is None else state
+        check = functools.partial(self.check_held_features, copies=2 if torch.is_grad_enabled() else 1)
         if not torch.is_grad_enabled() or X.shape[0] <= self.chunk_size:
-            return _rows_into_one(self.feature_map(state), X, self.chunk_size, self.device)
+            return _rows_into_one(self.feature_map(state), X, self.chunk_size, self.device, check)
         if X.requires_grad:  # gradients for the inputs too: a checkpointed graph per chunk
             features = self.feature_map(state)
             return torch.cat([checkpoint(features, Xc, use_reentrant=False)
                               for (Xc,) in chunks_on(self.device, self.chunk_size, X)])
         params = [p for p in self.parameters() if p.requires_grad]
-        return _ChunkedFeatures.apply(self.feature_map, tuple(state), self.chunk_size, self.device, X,
+        return _ChunkedFeatures.apply(self.feature_map, tuple(state), self.chunk_size, self.device, check, X,
                                       *state.values(), *params)
+
+    def check_held_features(self, shape: tuple[int, int], dtype: torch.dtype, copies: int) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError` where Phi of ``shape`` [n, r] and ``dtype``, held
+        whole, does not fit in the free memory of the model's device with its ``copies`` (2 with its gradient)."""
+        check_tensors_fit(shape, dtype, copies=copies, device=self.device,
+                          what=f"The features Phi of {shape[0]:,} rows held whole", advice=self.held_features_advice)
 
     def statistics(self, X: Tensor, y: Tensor, comm: Comm = LOCAL,
                    state: dict[str, Tensor] | None = None) -> Statistics:
@@ -176,17 +191,20 @@ class FeatureSpaceGP(GPModel):
 
     def log_marginal_likelihood(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
         """``log N(y | 0, Phi Phi^T + sigma^2 I)`` over every process's rows (float64 scalar, differentiable): from
-        Phi held in memory with the residual data fit (``residual_evidence``, while Phi fits in
-        ``HELD_FEATURES_BYTES``), else from one streamed pass."""
+        Phi held in memory with the residual data fit (``residual_evidence``, while Phi fits:
+        :meth:`holds_features`), else from one streamed pass."""
         if self.residual_evidence and self.holds_features(X, comm):
             return self.evidence_of(self.phi(X), y, comm)
         return log_evidence(self.collapse(X, y, comm), self.noise)
 
     def holds_features(self, X: Tensor, comm: Comm = LOCAL) -> bool:
         """Whether Phi [n, r] of a process's share of the rows fits in ``HELD_FEATURES_BYTES`` (float64 features,
-        r = :meth:`feature_width`); the same answer on every process, from the global row count."""
+        r = :meth:`feature_width`) and, with its gradient, in ``HELD_MEMORY_FRACTION`` of the free memory of the
+        process that has least; the same answer on every process (a collective), from the global row count."""
         n_per_process = math.ceil(global_count(X.shape[0], comm) / comm.world_size)
-        return n_per_process * self.feature_width(X) * torch.finfo(CORE).bits // 8 <= HELD_FEATURES_BYTES
+        held = n_per_process * self.feature_width(X) * CORE.itemsize
+        # Phi and its gradient, in the free memory of the process that has least
+        return held <= HELD_FEATURES_BYTES and 2 * held <= HELD_MEMORY_FRACTION * per_process_bytes(self.device, comm)
 
     @torch.no_grad()
     def feature_width(self, X: Tensor) -> int:
@@ -237,13 +255,15 @@ class FeatureSpaceGP(GPModel):
         return PredictiveFactors(mean, Phi.T if self.trace_term else None, U, self.predictive_extra(Phi))
 
 
-def _rows_into_one(features, X: Tensor, chunk_size: int, device) -> Tensor:
+def _rows_into_one(features, X: Tensor, chunk_size: int, device, check) -> Tensor:
     """features(X) [n, r], ``chunk_size`` rows of X at a time (on ``device``), written into one tensor: a list of
-    chunks joined by ``torch.cat`` holds Phi twice."""
+    chunks joined by ``torch.cat`` holds Phi twice. ``check(shape, dtype)`` sees Phi's shape and dtype, known from
+    the first chunk, before Phi is allocated (it raises where Phi would not fit)."""
     Phi, start = None, 0
     for (Xc,) in chunks_on(device, chunk_size, X):
         Pc = features(Xc)
         if Phi is None:
+            check((X.shape[0], *Pc.shape[1:]), Pc.dtype)
             Phi = Pc.new_empty((X.shape[0], *Pc.shape[1:]))
         Phi[start:start + Pc.shape[0]] = Pc
         start += Pc.shape[0]
@@ -260,8 +280,8 @@ class _ChunkedFeatures(torch.autograd.Function):
     the heap grew by several chunks' worth per chunk (7.9 KB a row of 128 float32 features, 15 times Phi)."""
 
     @staticmethod
-    def forward(ctx, feature_map, keys, chunk_size, device, X, *tensors):
-        Phi = _rows_into_one(feature_map(dict(zip(keys, tensors[:len(keys)]))), X, chunk_size, device)
+    def forward(ctx, feature_map, keys, chunk_size, device, check, X, *tensors):
+        Phi = _rows_into_one(feature_map(dict(zip(keys, tensors[:len(keys)]))), X, chunk_size, device, check)
         ctx.feature_map, ctx.keys, ctx.chunk_size, ctx.device = feature_map, keys, chunk_size, device
         ctx.params = tensors[len(keys):]  # leaves (the model's parameters): the recomputation uses them as they are
         ctx.save_for_backward(X, *tensors[:len(keys)])
@@ -274,7 +294,7 @@ class _ChunkedFeatures(torch.autograd.Function):
         def seeds(features, Xc, yc, rows):
             return [features(Xc)], [grad[rows]]
 
-        return (None, None, None, None, None, *_backward_by_chunk(ctx, X, None, state_values, seeds))
+        return (None, None, None, None, None, None, *_backward_by_chunk(ctx, X, None, state_values, seeds))
 
 
 class _StreamedStatistics(torch.autograd.Function):

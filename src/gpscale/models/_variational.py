@@ -198,8 +198,18 @@ class VariationalGP(UnwhitenedQ, GPModel):
 
     def batch_kernels(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """``Kuf(X)`` [(T,) m, c] and ``Kff_diag(X)`` [c], shared within a training step (:meth:`step_shared`)."""
-        return (self.step_shared("Kuf", X, lambda: self.features.Kuf(X)),
+        return (self.step_shared("Kuf", X, lambda: self.checked_Kuf(X)),
                 self.step_shared("Kff_diag", X, lambda: self.features.Kff_diag(X)))
+
+    def checked_Kuf(self, X: Tensor) -> Tensor:
+        """``Kuf(X)`` [(T,) m, c], after a check that it fits in the free memory of the model's device with the
+        matrices of its size a step forms from it: ``A = L^{-1} Kuf`` and ``S^T A`` for each latent function."""
+        inducing, rows = self.q_mu.shape[-1] * (self.blocks or 1), X.shape[0]
+        self.check_batch_fits((inducing, rows), X.dtype, copies=2 + self.n_latent,
+                              what=f"The covariance K_uf of {inducing:,} inducing features with {rows:,} rows",
+                              advice="Use a smaller batch_size= (training) or chunk_size= (prediction), or fewer "
+                                     "inducing points (n_inducing=...).")
+        return self.features.Kuf(X)
 
     def open_step(self, X: Tensor) -> None:
         """Start sharing kernel matrices within a training step on the batch X: between its natural-gradient step,
@@ -291,6 +301,15 @@ class VariationalGP(UnwhitenedQ, GPModel):
         # checkpoint does, which must reach the same model to the bit; within an epoch, steps pass it on
         self._precision = None
         return super().train(mode)
+
+    def step_state(self) -> dict[str, Tensor]:
+        """S^{-1}, which the last natural-gradient step passed on to the next, while it holds for q."""
+        state, precision = getattr(self, "_precision", None) or (None, None)
+        return {"precision": precision} if state == self._q_sqrt_state() else {}
+
+    def set_step_state(self, state: dict[str, Tensor]) -> None:
+        if "precision" in state:
+            self._precision = (self._q_sqrt_state(), state["precision"].to(device=self.device))
 
     def _whitened_gradients(self, X, y, num_data, comm, share):
         """With a = L^{-1} k_u(x) [(T,) m, b], the batch's means are ``a^T m``, so ``dELBO / dm = a g_mean - m``.

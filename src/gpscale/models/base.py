@@ -16,11 +16,16 @@ from ..device import chunks_on, to_device
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
+from ..memory import check_tensors_fit
 
 __all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods", "option_names",
            "option_default", "NotFittedPosteriorError", "mixture_moments"]
 
 _REGISTRY: dict[str, type["GPModel"]] = {}
+# float64 n* x n* matrices at the peak of the default predict_cov: the prior covariance, E^T E and their difference
+JOINT_MATRICES = 3
+# the rows of every chunk of a prediction are a multiple of this (see GPModel.in_chunks)
+ROW_GRANULE = 64
 
 
 def register(key: str) -> Callable[[type["GPModel"]], type["GPModel"]]:
@@ -185,6 +190,11 @@ class GPModel(nn.Module):
         self.median_lengthscale = self.median_lengthscale or isinstance(self.kernel, Stationary)
         return self.median_lengthscale
 
+    def check_memory(self, n: int, comm: Comm = LOCAL) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError`, before training on n rows (held by ``comm``'s
+        processes; call it on every process), where a matrix the fit is sure to form would not fit in memory.
+        Default: nothing (a model whose passes over the rows are chunked checks each larger matrix as it forms it)."""
+
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
 
@@ -238,6 +248,15 @@ class GPModel(nn.Module):
         the step must reduce its gradients through ``comm`` so that every process takes the same step. Default:
         nothing."""
 
+    def step_state(self) -> dict[str, Tensor]:
+        """What a training step passes on to the next within an epoch beyond the parameters and buffers (default:
+        nothing): saved in a checkpoint taken mid-epoch, so that the resumed fit takes the steps the uninterrupted
+        one takes."""
+        return {}
+
+    def set_step_state(self, state: dict[str, Tensor]) -> None:
+        """Put back :meth:`step_state` (after ``load_state_dict`` and ``train()``)."""
+
     # --- shared machinery -------------------------------------------------------------------------------
     @torch.no_grad()
     def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -248,8 +267,22 @@ class GPModel(nn.Module):
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
             )
-        parts = [self.predict_chunk(Xc) for (Xc,) in chunks_on(self.device, self.rows_per_chunk(), X)]
-        return torch.cat([m for m, _ in parts]), torch.cat([v for _, v in parts])
+        return self.in_chunks(self.predict_chunk, X, self.rows_per_chunk())
+
+    def in_chunks(self, predict_chunk: Callable[[Tensor], tuple[Tensor, Tensor]], X: Tensor, chunk_size: int,
+                  dim: int = 0) -> tuple[Tensor, Tensor]:
+        """``predict_chunk`` over chunks of the rows of X [n*, ...], its two outputs concatenated along ``dim``
+        (where the rows are). Every chunk holds a multiple of ``ROW_GRANULE`` rows, the last padded with copies of
+        the last row (cut off after), so that a row's prediction does not depend on the other rows of the call:
+        the matrix products take the same path for it, whatever their number."""
+        rows = X.shape[0]
+        padding = -rows % ROW_GRANULE
+        if padding and rows:
+            X = torch.cat([X, X[-1:].expand(padding, *X.shape[1:])])
+        chunk_size = max(ROW_GRANULE, chunk_size - chunk_size % ROW_GRANULE)
+        parts = [predict_chunk(Xc) for (Xc,) in chunks_on(self.device, chunk_size, X)]
+        first, second = (torch.cat([part[i] for part in parts], dim).narrow(dim, 0, rows) for i in (0, 1))
+        return first, second
 
     def rows_per_chunk(self) -> int:
         """Rows per chunk of :meth:`predict`: ``chunk_size`` (a model whose chunk is held against every training
@@ -273,6 +306,7 @@ class GPModel(nn.Module):
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training."
             )
+        self.check_joint_fits(X.shape[0], JOINT_MATRICES)
         X = to_device(X, self.device)
         mean, E, U, extra = self.predictive_factors(X)
         cov = torch.zeros(mean.shape[0], mean.shape[0], dtype=mean.dtype, device=mean.device)
@@ -283,6 +317,27 @@ class GPModel(nn.Module):
         if extra is not None:
             cov = cov + torch.diag(extra)
         return mean.to(X.dtype), cov.to(X.dtype)
+
+    def check_batch_fits(self, shape: tuple[int, ...], dtype: torch.dtype, *, copies: int, what: str,
+                         advice: str) -> None:
+        """:func:`~gpscale.memory.check_tensors_fit` for matrices a training step or a prediction chunk forms, once
+        per shape, dtype and count on this model: a fit's steps form the same few shapes, and reading the free
+        memory at every step would cost more than a small step."""
+        checked = self.__dict__.setdefault("_batch_shapes_fit", set())
+        key = (tuple(int(s) for s in shape), dtype, copies)
+        if key not in checked:
+            check_tensors_fit(shape, dtype, copies=copies, device=self.device, what=what, advice=advice)
+            checked.add(key)
+
+    def check_joint_fits(self, rows: int, matrices: int) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError`, before a joint covariance of ``rows`` test rows is
+        formed, where ``matrices`` float64 matrices of rows x rows (the covariance and what it is formed from) do not
+        fit in the free memory of the model's device."""
+        check_tensors_fit((rows, rows), torch.float64, copies=matrices, device=self.device,
+                          what=f"The joint posterior covariance of {rows:,} test rows",
+                          advice="Ask for the marginal variances instead (predict; return_std=True in the "
+                                 "estimators), which are formed in chunks of rows, or for the joint covariance of "
+                                 "fewer rows at a time (pass the rows in blocks).")
 
     def posterior_description(self) -> str:
         """One line on how the fitted posterior was computed, for ``summary()`` (empty: nothing to add)."""

@@ -269,6 +269,8 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
 
     residual_evidence = True
     calibrates_noise_by_default = True
+    held_features_advice = ("Use method='svdbk' (minibatches: memory O(batch_size x n_basis)), fewer basis functions "
+                            "(n_basis=...), or fewer rows.")
 
     def feature_map(self, state: dict[str, Tensor]) -> Features:
         """``x -> phi(x)``, the network's bases (no state: the network's weights are its parameters)."""

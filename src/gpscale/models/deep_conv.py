@@ -43,7 +43,6 @@ import operator
 import torch
 from torch import Tensor, nn
 
-from ..device import chunks_on
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Stationary, inverse_softplus, make_kernel
 from ..kernels.harmonic import GroupAction, check_invariant
@@ -507,8 +506,7 @@ class DeepConvHVGP(VariationalGP):
         if not self.cache:
             raise NotFittedPosteriorError(
                 f"The {self.key} model has no posterior yet: call fit_posterior(X, y) after training.")
-        parts = [self.mixture_chunk(Xc) for (Xc,) in chunks_on(self.device, self.chunk_size, X)]
-        return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
+        return self.in_chunks(self.mixture_chunk, X, self.chunk_size, dim=1)
 
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:
         if self.hidden:

@@ -36,7 +36,7 @@ from ..device import to_device
 from ..distributed import LOCAL, Comm, gather_rows, global_count, row_offset
 from ..iterative import LanczosVariance, Preconditioner, cg, pivoted_cholesky, solve_and_logdet
 from ..linalg import CORE, cho_solve_triangular, cholesky_in_place, gaussian_log_likelihood, solve_lower
-from ..memory import available_bytes, check_fits, gib, per_process_bytes
+from ..memory import available_bytes, check_fits, check_tensors_fit, gib, per_process_bytes
 from ..shards import row_blocks
 from ._blocked_kernel import BLOCK_ELEMENTS, BlockedKernel
 from .base import GPModel, NotFittedPosteriorError, register
@@ -130,10 +130,7 @@ class ExactGP(GPModel):
         iterative solver (each process its rows), as :meth:`solver` says."""
         n = global_count(X.shape[0], comm)
         if self.solver(n, comm, EVIDENCE_MATRICES) == "cholesky":
-            check_fits(cholesky_bytes(n, EVIDENCE_MATRICES), device=self.device, fraction=1.0,
-                       what=f"The exact evidence of {n:,} rows and its gradient by a Cholesky factor (about "
-                            f"{EVIDENCE_MATRICES} n x n matrices)",
-                       advice="Train on fewer rows (evidence_rows=...) or use inference='iterative'.")
+            self._check_evidence_fits(n)
             X, y = comm.all_gather(X), comm.all_gather(y)
             return gaussian_log_likelihood(self.Ky(X), y, what="training covariance K + sigma^2 I")
         return self._iterative_log_marginal_likelihood(X, y, comm)
@@ -179,6 +176,10 @@ class ExactGP(GPModel):
         return value.to(surrogate.dtype) + surrogate - surrogate.detach()
 
     def _preconditioner(self, op: BlockedKernel) -> Preconditioner:
+        check_tensors_fit((op.n_local, self.preconditioner_rank), op.dtype, device=self.device,
+                          what=f"The pivoted-Cholesky preconditioner of {op.n_local:,} rows",
+                          advice="Use a smaller preconditioner_rank= (more conjugate-gradient iterations), or "
+                                 "distributed=True, each process holding a share of the rows.")
         return Preconditioner.from_operator(op, self.noise.detach(), self.preconditioner_rank)
 
     def _cg_solve(self, op: BlockedKernel, B: Tensor) -> Tensor:
@@ -197,6 +198,7 @@ class ExactGP(GPModel):
             alpha = cho_solve_triangular(L, y.to(CORE).unsqueeze(-1)).squeeze(-1)
             self.cache = {"X": X.clone(), "alpha": alpha, "L": L}
             return
+        self._check_variance_cache_fits(n)
         op = BlockedKernel(self.kernel, X, comm)
         alpha = self._cg_solve(op, y.unsqueeze(-1))[:, 0]
         self.cache = {"X": comm.all_gather(X).clone(), "alpha": comm.all_gather(alpha).to(CORE)}
@@ -223,16 +225,51 @@ class ExactGP(GPModel):
         """The lower Cholesky factor of K + sigma^2 I [n, n] over the rows X, formed in place in float64 after a
         check that it fits in memory."""
         n = X.shape[0]
-        check_fits(cholesky_bytes(n), what=f"The exact GP's Cholesky factor of {n:,} rows (8 n^2 bytes)",
-                   device=self.device, fraction=1.0,
-                   advice=f"Use inference='iterative' (memory O(n)), fewer rows (at most about "
-                          f"{math.isqrt(int(available_bytes(self.device) * CHOLESKY_MEMORY_FRACTION) // 8):,} fit "
-                          "now), or an approximation such as method='sgpr'.")
+        self._check_factor_fits(n)
         op = BlockedKernel(self.kernel, X)
         factor = torch.empty(n, n, dtype=CORE, device=X.device)
         noise = self.noise.detach().to(CORE)
         return cholesky_in_place(factor, lambda A: op.fill_lower(A, noise),
                                  what="training covariance K + sigma^2 I")
+
+    def _check_factor_fits(self, n: int) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError` where the posterior's factor of n rows does not
+        fit in the free memory of the model's device."""
+        check_fits(cholesky_bytes(n), what=f"The exact GP's Cholesky factor of {n:,} rows (8 n^2 bytes)",
+                   device=self.device, fraction=1.0,
+                   advice=f"Use inference='iterative' (memory O(n)), fewer rows (at most about "
+                          f"{math.isqrt(int(available_bytes(self.device) * CHOLESKY_MEMORY_FRACTION) // 8):,} fit "
+                          "now), or an approximation such as method='sgpr'.")
+
+    def _check_evidence_fits(self, n: int) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError` where the evidence of n rows and its gradient by a
+        Cholesky factor do not fit in the free memory of the model's device."""
+        check_fits(cholesky_bytes(n, EVIDENCE_MATRICES), device=self.device, fraction=1.0,
+                   what=f"The exact evidence of {n:,} rows and its gradient by a Cholesky factor (about "
+                        f"{EVIDENCE_MATRICES} n x n matrices)",
+                   advice="Train on fewer rows (evidence_rows=...) or use inference='iterative'.")
+
+    def _check_variance_cache_fits(self, n: int) -> None:
+        """Raise :class:`~gpscale.memory.InsufficientMemoryError` where the iterative solver's Lanczos variance cache
+        of n rows (this process's and the gathered one) does not fit in the free memory of the model's device."""
+        if self.variance_rank is not None:
+            check_tensors_fit((n, self.variance_rank), CORE, copies=2, device=self.device,
+                              what=f"The Lanczos variance cache of {n:,} rows",
+                              advice="Use a smaller variance_rank=, or variance_rank=None (exact variances by "
+                                     "conjugate gradients, a chunk of test rows at a time).")
+
+    def check_memory(self, n: int, comm: Comm = LOCAL) -> None:
+        """Refuse, before training on n rows, a factor that would not fit: the Cholesky factors of the evidence of
+        the rows training sees and of the posterior of all n (under ``inference="auto"`` the iterative solver takes
+        over where they would not fit, so only ``"cholesky"`` refuses them), or the iterative posterior's variance
+        cache."""
+        rows = n if self.evidence_rows is None else min(n, int(self.evidence_rows))
+        if self.solver(rows, comm, EVIDENCE_MATRICES) == "cholesky":
+            self._check_evidence_fits(rows)
+        if self.solver(n, comm) == "cholesky":
+            self._check_factor_fits(n)
+        else:
+            self._check_variance_cache_fits(n)
 
     def rows_per_chunk(self) -> int:
         """Test rows per chunk: each is held against every training row (n x c numbers) at least once."""
@@ -277,6 +314,7 @@ class ExactGP(GPModel):
         >= j, each mirrored above the diagonal; the memory beside the result is O(n c), not O(n n*)."""
         if not self.cache:
             raise NotFittedPosteriorError("The exact model has no posterior yet: call fit_posterior(X, y) first.")
+        self.check_joint_fits(X.shape[0], 1 if X.dtype == CORE else 2)  # the float64 result, and its copy in X's dtype
         X = to_device(X, self.device)
         train, chunks = self.cache["X"], X.split(self.rows_per_chunk())
         cov = torch.empty(X.shape[0], X.shape[0], dtype=CORE, device=X.device)

@@ -111,6 +111,7 @@ class GRIEF(FeatureSpaceGP):
     """
 
     residual_evidence = True
+    held_features_advice = "Use fewer eigenfunctions (n_eigen=...) or fewer rows."
 
     def __init__(self, n_features: int, n_eigen: int | None = None, grid_size: int = 10,
                  init_exact_points: int = 500, init_iterations: int = 100, jitter: float = 1e-12, *,

@@ -247,5 +247,9 @@ class SoftKI(FeatureSpaceGP):
         Plain SGD on each batch's own marginal likelihood: no n/B rescaling, so ``num_data`` is not used; the
         division by B makes it a per-point objective.
         """
+        self.check_batch_fits((X.shape[0], self.n_inducing), X.dtype, copies=4,
+                              what=f"SoftKI's interpolation weights of a batch of {X.shape[0]:,} rows (the weights, "
+                                   "their distances and the gradients of both)",
+                              advice="Use a smaller batch_size= or fewer interpolation points (n_inducing=...).")
         probes = torch.randn(X.shape[0], self.n_probes, dtype=X.dtype, device=X.device)
         return -hutchinson_pseudo_log_likelihood(self.weights(X), self.Kzz(), self.noise, y, probes) / X.shape[0]

@@ -1,5 +1,5 @@
 """How far a data-parallel fit at the library's defaults is from the one-process fit, beside how far a harmless
-change moves the one-process fit: ``python -m experiments.one_answer --n 4000`` (about 15 minutes on 2 cores).
+change moves the one-process fit: ``python -m experiments.one_answer --n 4000``.
 
 n training rows of x ~ U[-2, 2]^4, y = sin(2 x_1) + x_2^2 / 2 - x_3 x_4 + N(0, 0.1^2), and 1,000 test rows; for each
 method, ``gpscale fit`` with its defaults (dtype, training to convergence) run as a user runs it: in one process on

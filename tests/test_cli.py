@@ -156,3 +156,20 @@ def test_a_non_finite_cell_is_refused_with_its_line_and_column(tmp_path, train_c
     assert err == [(f"gpscale: error: {path}, line 6, column {column!r}: {cell!r} is not a finite number. Remove "
                     "that row or impute the cell.")]
     assert not model.exists()
+
+
+def test_written_files_keep_the_permissions_a_plain_open_gives(tmp_path):
+    import os
+
+    from gpscale.io import write_atomically
+
+    fresh, kept = tmp_path / "fresh.csv", tmp_path / "kept.csv"
+    kept.write_text("old\n")
+    kept.chmod(0o640)
+    umask = os.umask(0o022)
+    try:
+        write_atomically(fresh, lambda f: f.write(b"new\n"))
+        write_atomically(kept, lambda f: f.write(b"new\n"))
+    finally:
+        os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o644 and kept.stat().st_mode & 0o777 == 0o640

@@ -187,3 +187,18 @@ def test_auto_picks_a_method_that_fits_under_limited_memory_and_fits_it(monkeypa
     mean, std = reg.predict(X[:500], return_std=True)
     assert np.isfinite(mean).all() and (std > 0).all()
     assert reg.predict(X[:100], return_cov=True)[1].shape == (100, 100)
+
+
+def test_the_command_line_refuses_in_one_line(tmp_path, capsys, monkeypatch):
+    from gpscale.cli import main
+
+    rng = np.random.default_rng(0)
+    table = tmp_path / "train.csv"
+    np.savetxt(table, np.c_[rng.normal(size=(3000, 2)), rng.normal(size=3000)], delimiter=",", header="a,b,y",
+               comments="")
+    limit_memory(monkeypatch, 50 * 2**20)
+    code = main(["fit", str(table), "--target", "y", "--method", "exact", "--option", "inference=cholesky",
+                 "--quiet", "-o", str(tmp_path / "m.gps")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "of 3,000 rows" in err and "MiB free" in err, err
+    assert not (tmp_path / "m.gps").exists()

@@ -62,12 +62,13 @@ def test_a_signal_saves_the_state_at_the_next_step_and_a_resume_ends_where_a_str
     np.testing.assert_array_equal(resumed, straight)  # mid-epoch (5 steps an epoch) as at an epoch's end
 
 
-def test_a_second_signal_stops_at_once():
+def test_a_second_ctrl_c_stops_at_once_and_a_repeated_sigterm_does_not():
     with deferred_stop() as request:
         os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler and torchrun may each send one
         assert request.pending() == "SIGTERM"
-        with pytest.raises(Stopped, match="SIGTERM"):
-            os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(Stopped, match="SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
     with stop_signals(), pytest.raises(Stopped, match="SIGUSR1"):
         os.kill(os.getpid(), signal.SIGUSR1)
 
@@ -132,7 +133,7 @@ def stopped_checkpoint(tmp_path, signal_at_step, X, y, **options):
     (dict(rows=data(shift=1.0)), "x_shift="),  # the same rows once standardised: the scaling tells them apart
     (dict(options=dict(n_inducing=6)), "with n_inducing=8, this fit has n_inducing=6"),
     (dict(options=dict(kernel="matern32")), "kernel="),
-    (dict(options=dict(dtype="float32")), "with dtype=float64, this fit has dtype=float32"),
+    (dict(options=dict(dtype="float32")), "with dtype='float64', this fit has dtype='float32'"),
 ])
 def test_a_resume_on_other_data_or_options_is_refused_with_what_differs(tmp_path, signal_at_step, other, expected):
     X, y = data()
@@ -166,3 +167,43 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line_on_the_command_line(tmp_pat
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"gpscale: error: {checkpoint} is not a gpscale checkpoint")
+
+
+def test_a_fit_that_converged_resumes_to_itself_without_training_further(tmp_path):
+    """The checkpoint of a fit that the plateau rule ended says so: resumed (after a stop in the posterior fit, say),
+    it trains no further."""
+    X, y = data()
+    options = {**FIT, "epochs": None}
+    checkpoint = tmp_path / "fit.ckpt"
+    straight = GPRegressor(checkpoint=checkpoint, **options).fit(X, y)
+    assert straight.training_["converged"]
+    resumed = GPRegressor(checkpoint=checkpoint, resume=True, **options).fit(X, y)
+    assert resumed.training_["steps"] == straight.training_["steps"] and resumed.training_["converged"]
+    np.testing.assert_array_equal(resumed.predict(X), straight.predict(X))
+
+
+def test_a_constant_column_summed_in_another_order_is_the_same_data():
+    from gpscale.checkpoint import _data_differences
+
+    saved = {"n": 4, "d": 1, "mean": torch.tensor([0.1, 0.0]), "std": torch.tensor([1e-9, 1.0]),
+             "rows": torch.arange(4), "sample": torch.tensor([[0.1, 1.0], [0.1, -1.0], [0.1, 1.0], [0.1, -1.0]])}
+    now = {**saved, "std": torch.tensor([0.0, 1.0]), "mean": torch.tensor([0.1 + 1e-12, 0.0])}
+    assert _data_differences(saved, now) == []
+    assert _data_differences(saved, {**now, "mean": torch.tensor([0.2, 0.0])}) != []
+
+
+def test_a_checkpoint_of_an_earlier_gpscale_is_named_as_such(tmp_path):
+    checkpoint = tmp_path / "old.ckpt"
+    torch.save({"model": {}, "optimiser": {}, "generator": torch.zeros(1), "history": []}, checkpoint)
+    X, y = data()
+    with pytest.raises(CheckpointError, match="written by an earlier gpscale"):
+        GPRegressor(checkpoint=checkpoint, resume=True, **FIT).fit(X, y)
+
+
+@pytest.mark.parametrize("other", [dict(seed=2), dict(lr=0.5)])
+def test_a_resume_with_another_seed_or_learning_rate_is_refused(tmp_path, signal_at_step, other):
+    X, y = data()
+    checkpoint = stopped_checkpoint(tmp_path, signal_at_step, X, y)
+    name, value = next(iter(other.items()))
+    with pytest.raises(CheckpointError, match=f"this fit has {name}={value}"):
+        GPRegressor(checkpoint=checkpoint, resume=True, **{**FIT, **other}).fit(X, y)

@@ -5,8 +5,8 @@ A checkpoint is ``torch.save`` of a dict, written atomically (:func:`gpscale.io.
 
 - of the data: n, d, each column's mean and standard deviation (of X and of y, over every process's rows) and
   ``SAMPLE_ROWS`` rows drawn by global index, the same rows whatever the number of processes;
-- of the settings that shape the state: the method, the model's options, the dtype, the batch size, the shapes of
-  the model's tensors.
+- of the settings that shape the state: the method, the dtype, the batch size, the learning rate, the seed, the
+  validation settings and whatever the caller adds (the estimator: the model's options and the scaling).
 
 Resuming compares the fingerprint saved with the present one and refuses, saying what differs, where they disagree
 beyond round-off: a state trained on other rows or with other options would continue silently from the wrong place.
@@ -66,6 +66,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     except Exception as err:  # noqa: BLE001 - whatever the bytes hold, they are not a checkpoint this can resume
         raise CheckpointError(f"{path} is not a gpscale checkpoint (torch cannot read it: "
                               f"{type(err).__name__}). {advice}") from None
+    if isinstance(checkpoint, dict) and {"model", "optimiser", "generator"} <= set(checkpoint) and \
+            "marker" not in checkpoint:
+        raise CheckpointError(f"{path} was written by an earlier gpscale, without the fingerprint of its data that "
+                              f"this one checks before resuming. {advice}")
     if not isinstance(checkpoint, dict) or checkpoint.get("marker") != MARKER:
         raise CheckpointError(f"{path} is not a gpscale checkpoint (a torch file without gpscale's training state). "
                               f"{advice}")
@@ -95,7 +99,8 @@ def _setting_differences(saved: dict, now: dict) -> list[str]:
 def _data_differences(saved: dict, now: dict) -> list[str]:
     if (saved["n"], saved["d"]) != (now["n"], now["d"]):
         return [f"on {saved['n']:,} rows x {saved['d']} features, this fit has {now['n']:,} x {now['d']}"]
-    scale = torch.maximum(saved["std"], now["std"]).clamp_min(1e-12)
+    # each column's scale: its spread, or its size where it has none (a constant column's std is round-off)
+    scale = torch.stack([saved["std"], now["std"], saved["mean"].abs(), now["mean"].abs()]).amax(0).clamp_min(1e-12)
     for key in ("mean", "std"):
         if not torch.allclose(saved[key] / scale, now[key] / scale, rtol=RTOL, atol=RTOL):
             return [f"on other rows of the same size (the columns' {key}s differ)"]

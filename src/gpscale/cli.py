@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:
         print(f"gpscale{_process()}: {_stop_message(stop, args)}", file=sys.stderr)
         code = stop.exit_status if isinstance(stop, Stopped) else 130
-    except (ValueError, OSError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError, MemoryError) as err:  # MemoryError: the memory guard's refusals
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"gpscale{_process()}: error: {message}", file=sys.stderr)
         code = 2

@@ -107,17 +107,18 @@ def gather_rows(X: Tensor, y: Tensor, rows: Tensor, offset: int, comm: Comm) -> 
 
 def agree(comm: Comm, check: Callable[[], T]) -> T:
     """``check()`` on every process (a collective): its result where it succeeds on every process; where it raises
-    ValueError on any (a check of this process's rows, say), every process raises: the failing ones their own error,
-    the others one naming the first failing process and its message. So that a data-parallel job whose data fail a
+    on any (a check of this process's rows, say), every process raises: the failing ones their own error, the others
+    a ValueError naming the first failing process and its error. So that a data-parallel job whose data fail a
     check on one shard ends on every process with the reason, instead of the others waiting in their next
     collective."""
     if comm.world_size == 1:
         return check()
     try:
         result, error = check(), None
-    except ValueError as err:
+    except Exception as err:  # noqa: BLE001 - whatever the check raises, every process must learn of it
         result, error = None, err
-    message = torch.tensor(list(str(error).encode("utf-8")) if error is not None else [], dtype=torch.uint8)
+    text = "" if error is None else f"{type(error).__name__}: {error}"  # never empty for an error
+    message = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
     sizes = comm.all_gather(torch.tensor([message.numel()])).tolist()
     texts = comm.all_gather(message).tolist()
     if error is not None:

@@ -72,6 +72,7 @@ def _write_and_replace(path: Path, write, text: bool) -> None:
     on failure."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, _mode_for(path))  # mkstemp's 0600, else: the file's own mode, or what open() would give
         with os.fdopen(fd, "w", encoding="utf-8", newline="") if text else os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -80,6 +81,16 @@ def _write_and_replace(path: Path, write, text: bool) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions a file written at ``path`` keeps: those of the file there, else ``0o666`` less the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0o022)  # read by setting it, and put back at once
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _write_error(path: Path, existed: bool, err: OSError) -> OSError:

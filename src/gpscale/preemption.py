@@ -4,7 +4,8 @@ ahead of a job's time limit when asked with ``sbatch --signal=USR1@SECONDS``) an
 Inside :func:`stop_signals` each of them raises :class:`Stopped` wherever the program is, as Ctrl-C raises
 ``KeyboardInterrupt``. Inside :func:`deferred_stop` (a training loop that can save its state) the first signal is
 only recorded: the loop asks :meth:`StopRequest.pending` at each step boundary, saves its state and raises
-:class:`Stopped` itself; a second signal raises at once, for a step that does not end.
+:class:`Stopped` itself. A Ctrl-C after that raises at once, for a step that does not end; a repeated SIGTERM or
+SIGUSR1 does not (under a scheduler and torchrun each worker may get one from both).
 
 Handlers are installed only in the main thread (Python delivers signals there alone), and a signal whose handler the
 program has set itself is left to it; the handlers before are restored on leaving.
@@ -59,9 +60,13 @@ _deferring: list[StopRequest] = []  # the innermost deferred_stop's request last
 
 def _handle(signum: int, frame) -> None:
     name = signal.Signals(signum).name
-    if _deferring and _deferring[-1].signal_name is None:
-        _deferring[-1].signal_name = name
-        return
+    if _deferring:
+        request = _deferring[-1]
+        if request.signal_name is None:
+            request.signal_name = name
+            return
+        if name != "SIGINT":  # a scheduler and torchrun may each send SIGTERM: only a second Ctrl-C insists
+            return
     raise Stopped(name)
 
 

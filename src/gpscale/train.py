@@ -148,9 +148,10 @@ def fit(
         checkpoint: a file written (atomically) after every epoch, with a fingerprint of the data and the
             settings (:mod:`gpscale.checkpoint`); with ``resume=True`` training continues from it when it exists,
             to the model an uninterrupted fit gives, and refuses a checkpoint of other data or settings. While
-            training with a checkpoint, SIGTERM, SIGUSR1 and SIGINT stop it at the next step boundary: the state is
-            saved there, mid-epoch included, and :class:`~gpscale.preemption.Stopped` raised
-            (:mod:`gpscale.preemption`).
+            training with a checkpoint in the main thread, SIGTERM, SIGUSR1 and SIGINT stop it at the next step
+            boundary: the state is saved there, mid-epoch included, and :class:`~gpscale.preemption.Stopped` raised
+            (:mod:`gpscale.preemption`; a handler the program set for one of them is left to it). A fit that the
+            plateau rule or early stopping ended resumes to itself, with no further training.
         comm: the processes of a data-parallel job (:mod:`gpscale.distributed`), each passing its own shard of
             the rows as (X, y). The model is initialised on rank 0 from :func:`initialisation_rows` (the same
             rows whatever the number of processes) and broadcast; every epoch draws one
@@ -190,11 +191,12 @@ def fit(
                              "command line) too.")
         if checkpoint is not None and comm.rank == 0:
             check_writable(checkpoint)  # before the first epoch, not after it
+        shaping = {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
+                   "batch_size": settings.batch_size, "lr": settings.lr, "val_fraction": val_fraction, "seed": seed,
+                   "schedule": schedule, "patience": patience, "val_every": val_every}
         saver = None if checkpoint is None else _Checkpointer(
             checkpoint, data_fingerprint(X, y, comm),
-            {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
-             "batch_size": str(settings.batch_size), "val_fraction": str(val_fraction),
-             **(checkpoint_settings or {})}, comm)
+            {**{name: repr(value) for name, value in shaping.items()}, **(checkpoint_settings or {})}, comm)
         state = saver.read() if (resume and saver is not None and Path(checkpoint).exists()) else None
         if state is None:
             X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
@@ -208,27 +210,31 @@ def fit(
         initial = snapshot(model.state_dict())
         result = FitResult(settings=settings)
         start = time.perf_counter()
-        for attempt in range(max_restarts + 1 if model.trainable else 0):
-            try:
-                if settings.optimizer == "lbfgs":
-                    _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress, comm=comm)
-                else:
-                    with deferred_stop() if saver is not None else nullcontext() as stop:
+        with deferred_stop() if saver is not None else nullcontext() as stop:
+            for attempt in range(max_restarts + 1 if model.trainable else 0):
+                try:
+                    if settings.optimizer == "lbfgs":
+                        _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress,
+                                        comm=comm)
+                    else:
                         _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings,
                                   convergence, schedule=schedule, patience=patience, val_every=val_every,
                                   progress=progress, saver=saver, stop=stop, comm=comm)
-                break
-            except (NotPSDError, TrainingError) as err:
-                if attempt == max_restarts:
-                    raise type(err)(
-                        f"Training failed {attempt + 1} times (last: {err}) Try a smaller lr, a larger noise "
-                        "floor (noise_floor=...), fewer inducing points, or dtype='float64'."
-                    ) from err
-                warnings.warn(f"Training failed ({err}); restarting from perturbed initial values "
-                              f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
-                model.load_state_dict(initial)
-                _perturb(model, generator, scale=0.1 * (attempt + 1))
-                result, state = FitResult(settings=settings, restarts=attempt + 1), None
+                    break
+                except (NotPSDError, TrainingError) as err:
+                    if attempt == max_restarts:
+                        raise type(err)(
+                            f"Training failed {attempt + 1} times (last: {err}) Try a smaller lr, a larger noise "
+                            "floor (noise_floor=...), fewer inducing points, or dtype='float64'."
+                        ) from err
+                    if stop is not None and (name := stop.pending(comm)):  # asked to stop: no fresh start
+                        raise Stopped(name, checkpoint=saver.path if Path(saver.path).exists() else None,
+                                      step=result.steps) from err
+                    warnings.warn(f"Training failed ({err}); restarting from perturbed initial values "
+                                  f"({attempt + 1}/{max_restarts}).", RuntimeWarning, stacklevel=2)
+                    model.load_state_dict(initial)
+                    _perturb(model, generator, scale=0.1 * (attempt + 1))
+                    result, state = FitResult(settings=settings, restarts=attempt + 1), None
         _check_improved(result)
         _check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
         model.fit_posterior(X, y, comm)
@@ -347,6 +353,9 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
         torch.set_rng_state(state["random"])
         result.history, best = state["history"], state["best"]
         first, done_before = len(result.history), _Partial(*state["partial"])
+        if state["finished"] is not None:  # the plateau rule or early stopping had ended it: nothing left to train
+            epochs = first
+            result.converged, result.stopped_early = state["finished"]
     step_state = state["step_state"] if state is not None else {}
     objective = _Objective(model)
     if comm.world_size > 1:
@@ -370,7 +379,8 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
         speculate = speculate and not run.redone  # a check that failed tends to fail again: check eagerly from now
         if run.steps < run.n_steps:  # asked to stop
             partial = _Partial(run.steps, done_before.total + run.total)
-            saver.save(model, optimiser, scheduler, epoch_start, result.history, best, plateau.state, partial)
+            saver.save(model, optimiser, scheduler, epoch_start, result.history, best, plateau.state, partial, None)
+            comm.barrier()  # no process ends, which would make torchrun stop the others, before rank 0 has saved
             raise Stopped(stop.pending(comm), checkpoint=saver.path, step=epoch * steps_per_epoch + run.steps)
         loss, done_before = (done_before.total + run.total) / run.n_steps, _Partial(0, 0.0)
         if scheduler is not None:
@@ -393,13 +403,15 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
                 for group in optimiser.param_groups:
                     group["lr"] *= convergence.lr_factor
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
+        stopping_early = not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience
         if saver is not None:
+            finished = (verdict == "stop", stopping_early) if verdict == "stop" or stopping_early else None
             saver.save(model, optimiser, scheduler, generator.get_state(), result.history, best, plateau.state,
-                       _Partial(0, 0.0))
+                       _Partial(0, 0.0), finished)
         if verdict == "stop":
             result.converged = True
             break
-        if not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience:
+        if stopping_early:
             result.stopped_early = True
             break
     bar.close()
@@ -747,16 +759,17 @@ class _Checkpointer:
         self.path, self.data, self.settings, self.comm = path, data, settings, comm
 
     def save(self, model, optimiser, scheduler, generator_state: Tensor, history: list[dict], best: dict,
-             plateau: dict, partial: _Partial) -> None:
+             plateau: dict, partial: _Partial, finished: tuple[bool, bool] | None = None) -> None:
         """The training state after the epochs in ``history`` and ``partial.steps`` steps of the next, whose
-        permutation ``generator_state`` draws."""
+        permutation ``generator_state`` draws; ``finished``: (converged, stopped early) where the plateau rule or
+        early stopping ended training there, so that a resume trains no further."""
         if self.comm.rank != 0:
             return
         state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
                  "scheduler": scheduler.state_dict() if scheduler is not None else None,
                  "generator": generator_state, "random": torch.get_rng_state(), "history": history, "best": best,
                  "plateau": plateau, "partial": tuple(partial),
-                 "step_state": model.step_state() if partial.steps else {}}
+                 "step_state": model.step_state() if partial.steps else {}, "finished": finished}
         write_checkpoint(self.path, state, self.data, self.settings)
 
     def read(self) -> dict:

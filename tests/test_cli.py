@@ -101,17 +101,17 @@ def test_data_list_runs_without_a_data_folder(monkeypatch, capsys):
 
 
 def test_a_shard_parses_only_its_block_of_rows_and_locates_errors_by_file_line(tmp_path, train_csv):
-    from gpscale.cli import _read_csv
+    from gpscale.tables import read_table
 
     path, X, y = train_csv
-    blocks = [_read_csv(path, shard=(rank, 3)) for rank in range(3)]
+    blocks = [read_table(path, shard=(rank, 3)) for rank in range(3)]
     assert all(names == ["a", "b", "c", "target"] for names, _ in blocks)
     assert [len(table) for _, table in blocks] == [27, 26, 27]
     np.testing.assert_array_equal(np.concatenate([table for _, table in blocks]), np.c_[X, y])
     bad = tmp_path / "bad.csv"
     bad.write_text("a,y\n1,2\n3,4\nx,3\n")
     with pytest.raises(ValueError, match="line 4"):
-        _read_csv(bad, shard=(1, 2))
+        read_table(bad, shard=(1, 2))
 
 
 def test_step_time_times_a_minibatch_method(capsys):

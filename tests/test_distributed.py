@@ -392,12 +392,13 @@ def test_the_command_line_names_the_files_rows_when_they_are_too_few_for_its_pro
                "-o", str(tmp_path / "model.gps")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    errors = [line for line in done.stderr.splitlines() if line.startswith(("gpscale:", "gpscale (process"))]
-    assert done.returncode != 0 and len(errors) == WORLD, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines()
+              if line.startswith(("gpscale:", "gpscale (process")) and ": error: " in line]
+    # every process raises the error; torchrun ends the others once the first has exited, so one or both print it
+    assert done.returncode != 0 and 1 <= len(errors) <= WORLD, done.stderr[-2000:]
     assert all("The data have 1 row, parted [0, 1] over 2 processes" in line for line in errors), errors
-    # one line each, exit status 2 each (torchrun's own report follows): no gpscale traceback, no abort at exit
-    assert "gpscale/" not in done.stderr and "terminate called" not in done.stderr and "exitcode  : -" not in \
-        done.stderr, done.stderr[-2000:]
+    # a line each, then torchrun's own report: no gpscale traceback, no abort at exit
+    assert "gpscale/" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "model.gps").exists()
 
 

@@ -1,4 +1,5 @@
-"""The ``gpscale`` command: fit and predict from CSV files, run benchmarks, list and download datasets.
+"""The ``gpscale`` command: fit and predict from table files (CSV, TSV, Parquet, Feather, .npy, .npz: see
+:mod:`gpscale.tables`), run benchmarks, list and download datasets.
 
 Every error a user can cause (bad usage, options, data or files) is one line on stderr, ``gpscale: error: ...``, with
 exit status 2, as argparse's own usage errors. An interrupt (Ctrl-C) exits 130; SIGTERM and SIGUSR1 (a scheduler's
@@ -71,8 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpscale", description="Scalable Gaussian-process regression.")
     sub = parser.add_subparsers(title="commands")
 
-    p = sub.add_parser("fit", help="train a model on a CSV file and save it")
-    p.add_argument("data", type=Path, help="CSV file with a header row; every column but the target is a feature")
+    p = sub.add_parser("fit", help="train a model on a table file and save it")
+    p.add_argument("data", type=Path,
+                   help="a table: CSV or TSV with a header row, Parquet, Feather (Arrow IPC), .npy or .npz, by its "
+                        "extension; every column but the target is a feature")
     p.add_argument("--target", required=True, help="name of the target column")
     p.add_argument("--method", default="auto",
                    help="auto (default: chosen by the data's size, see docs/choosing.md), exact, sgpr, svgp, ...")
@@ -112,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="predict with a saved model; writes mean and std columns")
     p.add_argument("model", type=Path)
-    p.add_argument("data", type=Path, help="CSV file with a header row holding the model's feature columns")
+    p.add_argument("data", type=Path, help="a table file (as for fit) holding the model's feature columns")
     p.add_argument("-o", "--output", type=Path, required=True)
     p.set_defaults(run=_predict)
 
@@ -175,6 +178,7 @@ def _fit(args) -> None:
 
     from .distributed import LOCAL, TorchComm, agree, process_device
     from .estimator import GPClassifier, GPRegressor
+    from .tables import read_table
     from .io import check_writable
 
     options = _parse_options(args.option, typed=True)
@@ -182,8 +186,8 @@ def _fit(args) -> None:
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
-    names, table = agree(comm, lambda: _read_csv(args.data, shard=(comm.rank, comm.world_size),
-                                                 text_column=args.target if args.classify else None))
+    names, table = agree(comm, lambda: read_table(args.data, shard=(comm.rank, comm.world_size),
+                                                  text_column=args.target if args.classify else None))
     if args.target not in names:
         raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
     target = names.index(args.target)
@@ -212,10 +216,11 @@ def _fit(args) -> None:
 def _predict(args) -> None:
     from .estimator import GPClassifier, load
     from .io import check_writable, write_atomically
+    from .tables import read_table
 
     check_writable(args.output)
     reg = load(args.model)
-    _, table = _read_csv(args.data, columns=reg.metadata_.get("feature_names"))  # other columns are not read
+    _, table = read_table(args.data, columns=reg.metadata_.get("feature_names"))  # other columns are not read
     if isinstance(reg, GPClassifier):  # the most probable label, then each class's probability
         proba = reg.predict_proba(table)
         header = ["label", *(f"p_{c}" for c in reg.classes_.tolist())]
@@ -317,62 +322,6 @@ def _data_download(args) -> None:
         raise ValueError("Where should the data go? Pass --data-dir DIR or set GPSCALE_DATA.")
     path = download_uci(args.name, dest, base_url=args.base_url or UCI_BASE_URL)
     print(f"saved {path}")
-
-
-def _read_csv(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | None = None,
-              columns: list[str] | None = None) -> tuple[list[str], np.ndarray]:
-    """Header names and a float64 table; non-numeric, non-finite (nan, inf) or missing cells are reported with their
-    position. A UTF-8 byte-order mark before the header is not part of the first name.
-
-    ``columns``: only these, in this order (default: all). ``text_column`` (class labels) is kept as the text of
-    its cells, so the table is then an object array; a missing label is an error. ``shard=(rank, world_size)``:
-    only that process's contiguous block of the data rows is parsed (the blocks of ranks 0, 1, ... in order are the
-    file's rows), so each process holds only its part in memory.
-    """
-    from .shards import row_blocks
-
-    rank, world_size = shard
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        n_rows = sum(1 for _ in csv.reader(f)) - 1
-    if n_rows < 1:
-        raise ValueError(f"{path} needs a header row and at least one data row.")
-    first, last = row_blocks(n_rows, world_size)[rank:rank + 2]
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        names = [n.strip() for n in next(reader)]
-        rows = [row for i, row in enumerate(reader) if first <= i < last]
-    missing = [n for n in columns or () if n not in names]
-    if missing:
-        raise ValueError(f"{path} lacks the columns {', '.join(missing)}; its columns: {', '.join(names)}.")
-    read = [names.index(n) for n in columns] if columns is not None else list(range(len(names)))
-    text = names.index(text_column) if text_column in names else -1
-    table = np.empty((len(rows), len(read)), dtype=object if text >= 0 else np.float64)
-    for i, row in enumerate(rows, start=first + 2):
-        if len(row) != len(names):
-            raise ValueError(f"{path}, line {i}: {len(row)} cells, but the header has {len(names)}.")
-        for k, j in enumerate(read):
-            parse = _label if j == text else _number
-            table[i - 2 - first, k] = parse(path, i, names[j], row[j])
-    return [names[j] for j in read], table
-
-
-def _number(path: Path, line: int, column: str, cell: str) -> float:
-    """The cell's finite number; text, a missing value and nan or inf (in any spelling ``float`` reads) are
-    errors that name the cell's line and column."""
-    try:
-        value = float(cell)
-    except ValueError:
-        raise ValueError(f"{path}, line {line}, column {column!r}: {cell!r} is not a number.") from None
-    if not np.isfinite(value):
-        raise ValueError(f"{path}, line {line}, column {column!r}: {cell!r} is not a finite number. Remove that row "
-                         "or impute the cell.")
-    return value
-
-
-def _label(path: Path, line: int, column: str, cell: str) -> str:
-    if not cell.strip():
-        raise ValueError(f"{path}, line {line}, column {column!r}: the class label is missing.")
-    return cell.strip()
 
 
 def _step_time(args) -> int:

@@ -1,0 +1,116 @@
+"""Tables from files (gpscale.tables): every format gives the same numbers, a shard its block of rows, and each bad
+file an error that names the cell (its line in a CSV, its row in a columnar file) or the shape."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from gpscale.cli import main
+from gpscale.tables import read_table
+
+NAMES = ["a", "b", "y"]
+
+
+@pytest.fixture
+def table():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(50, 3))
+
+
+def write(folder, table, fmt, names=NAMES):
+    path = folder / f"t.{fmt}"
+    if fmt in ("csv", "tsv"):
+        np.savetxt(path, table, delimiter="," if fmt == "csv" else "\t", header=("," if fmt == "csv" else "\t")
+                   .join(names), comments="", fmt="%.17g")
+    elif fmt in ("parquet", "feather"):
+        arrow = pa.table({n: table[:, j] for j, n in enumerate(names)})
+        pq.write_table(arrow, path, row_group_size=7) if fmt == "parquet" else feather.write_feather(arrow, path)
+    elif fmt == "npy":
+        np.save(path, table)
+    else:
+        np.savez(path, X=table[:, :2], y=table[:, 2])
+    return path
+
+
+FORMATS = {"csv": NAMES, "tsv": NAMES, "parquet": NAMES, "feather": NAMES, "npy": ["0", "1", "2"],
+           "npz": ["X0", "X1", "y"]}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_reads_the_same_numbers_and_shards_its_rows(tmp_path, table, fmt):
+    path = write(tmp_path, table, fmt)
+    names, read = read_table(path)
+    assert names == FORMATS[fmt]
+    np.testing.assert_array_equal(read, table)
+    blocks = [read_table(path, shard=(rank, 3))[1] for rank in range(3)]
+    assert [len(b) for b in blocks] == [17, 16, 17]
+    np.testing.assert_array_equal(np.concatenate(blocks), table)
+    names, two = read_table(path, columns=FORMATS[fmt][::-2])
+    np.testing.assert_array_equal(two, table[:, ::-2])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "feather", "npz"])
+def test_a_missing_or_non_finite_value_in_a_typed_file_is_named_by_its_row(tmp_path, table, fmt):
+    table[12, 1] = np.nan
+    path = write(tmp_path, table, fmt)
+    column = FORMATS[fmt][1]
+    with pytest.raises(ValueError, match=f"row 13, column '{column}': nan is not a finite number"):
+        read_table(path)
+
+
+def test_a_column_of_text_in_a_typed_file_is_named(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"a": ["x", "y"], "y": [1.0, 2.0]}), path)
+    with pytest.raises(ValueError, match="column 'a': not numbers"):
+        read_table(path)
+    names, labelled = read_table(path, text_column="a")
+    assert labelled[:, 0].tolist() == ["x", "y"] and labelled.dtype == object
+
+
+def test_class_labels_are_text_and_a_missing_one_is_named(tmp_path):
+    path = tmp_path / "labels.csv"
+    path.write_text("a,label\n1, cat\n2,dog\n")
+    names, read = read_table(path, text_column="label")
+    assert read[:, 1].tolist() == ["cat", "dog"] and read[:, 0].tolist() == [1.0, 2.0]
+    path.write_text("a,label\n1,cat\n2, \n")
+    with pytest.raises(ValueError, match="line 3, column 'label': the class label is missing"):
+        read_table(path, text_column="label")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("a,y\n1,2\n3\n", "line 3: 1 cells, but the header has 2"),
+    ("a,y\n1,2\nx,3\n", "line 3, column 'a': 'x' is not a number"),
+    ("a,y\n1,2\n,3\n", "line 3, column 'a': '' is not a number"),
+    ("a,y\n1,inf\n", "line 2, column 'y': 'inf' is not a finite number"),
+    ("a,y\n", "needs a header row and at least one data row"),
+])
+def test_a_bad_csv_cell_is_named_by_its_line_and_column(tmp_path, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_table(path)
+
+
+def test_a_byte_order_mark_and_spaces_are_not_part_of_the_names(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeff a , y\n1,2\n".encode("utf-8"))
+    assert read_table(path)[0] == ["a", "y"]
+
+
+def test_an_unknown_extension_names_the_formats(tmp_path):
+    path = tmp_path / "t.xlsx"
+    path.write_text("")
+    with pytest.raises(ValueError, match=r"unknown table format '\.xlsx'; gpscale reads .*\.parquet"):
+        read_table(path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "npz"])
+def test_the_command_line_fits_and_predicts_from_a_columnar_file(tmp_path, table, fmt, capsys):
+    path = write(tmp_path, table, fmt)
+    target = FORMATS[fmt][-1]
+    model, out = tmp_path / "m.gps", tmp_path / "p.csv"
+    assert main(["fit", str(path), "--target", target, "--method", "sgpr", "--n-inducing", "8", "--max-steps", "5",
+                 "--quiet", "-o", str(model)]) == 0
+    assert main(["predict", str(model), str(path), "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 51

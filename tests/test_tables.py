@@ -114,3 +114,31 @@ def test_the_command_line_fits_and_predicts_from_a_columnar_file(tmp_path, table
                  "--quiet", "-o", str(model)]) == 0
     assert main(["predict", str(model), str(path), "-o", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 51
+
+
+def test_predictions_are_written_a_chunk_at_a_time_as_csv_or_parquet_and_equal_the_whole_call(
+        tmp_path, table, monkeypatch):
+    import gpscale.cli
+    from gpscale import load
+
+    path = write(tmp_path, table, "csv")
+    model = tmp_path / "m.gps"
+    assert main(["fit", str(path), "--target", "y", "--method", "svgp", "--n-inducing", "8", "--epochs", "2",
+                 "--quiet", "-o", str(model)]) == 0
+    monkeypatch.setattr(gpscale.cli, "PREDICT_CHUNK_ROWS", 64)  # 50 rows: one chunk; 64 below the table's rows
+    big = tmp_path / "big.csv"
+    np.savetxt(big, np.tile(table, (3, 1)), delimiter=",", header=",".join(NAMES), comments="", fmt="%.17g")
+    for out in (tmp_path / "p.csv", tmp_path / "p.parquet"):
+        assert main(["predict", str(model), str(big), "-o", str(out), "--quiet"]) == 0
+    whole = np.c_[load(model).predict(np.tile(table, (3, 1))[:, :2], return_std=True)]
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1), whole)
+    parquet = pq.read_table(tmp_path / "p.parquet")
+    assert parquet.column_names == ["mean", "std"]
+    np.testing.assert_array_equal(np.c_[parquet.column("mean").to_numpy(), parquet.column("std").to_numpy()], whole)
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "mean,std"
+
+
+def test_an_output_of_another_format_is_refused_before_any_work(tmp_path, table, capsys):
+    path = write(tmp_path, table, "csv")
+    assert main(["predict", str(tmp_path / "no-model.gps"), str(path), "-o", str(tmp_path / "p.xlsx")]) == 2
+    assert "gpscale writes tables as .csv, .parquet, .pq, .tsv" in capsys.readouterr().err

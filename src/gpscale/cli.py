@@ -9,7 +9,6 @@ notice) exit 128 + the signal's number (143, 138), each with a line saying what 
 from __future__ import annotations
 
 import argparse
-import csv
 import shlex
 import sys
 from pathlib import Path
@@ -116,7 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", help="predict with a saved model; writes mean and std columns")
     p.add_argument("model", type=Path)
     p.add_argument("data", type=Path, help="a table file (as for fit) holding the model's feature columns")
-    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="the predictions, written a chunk of rows at a time: CSV, TSV or Parquet, by its extension")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_predict)
 
     p = sub.add_parser("bench", help="run a benchmark protocol; results go to OUT/results.sqlite and a report")
@@ -215,21 +216,34 @@ def _fit(args) -> None:
 
 def _predict(args) -> None:
     from .estimator import GPClassifier, load
-    from .io import check_writable, write_atomically
-    from .tables import read_table
+    from .io import check_writable
+    from .tables import check_output_format, read_table, write_table
+    from .train import progress_bar
 
     check_writable(args.output)
+    check_output_format(args.output)
     reg = load(args.model)
     _, table = read_table(args.data, columns=reg.metadata_.get("feature_names"))  # other columns are not read
     if isinstance(reg, GPClassifier):  # the most probable label, then each class's probability
-        proba = reg.predict_proba(table)
         header = ["label", *(f"p_{c}" for c in reg.classes_.tolist())]
-        rows = [[label, *p] for label, p in zip(reg.classes_[proba.argmax(1)].tolist(), proba.tolist())]
     else:
-        mean, std = reg.predict(table, return_std=True)
-        header, rows = ["mean", "std"], list(zip(mean.tolist(), std.tolist()))
-    write_atomically(args.output, lambda f: csv.writer(f).writerows([header, *rows]), text=True)
-    print(f"wrote {len(rows)} predictions to {args.output}")
+        header = ["mean", "std"]
+
+    def predictions(part: np.ndarray) -> list[np.ndarray]:
+        if isinstance(reg, GPClassifier):
+            proba = reg.predict_proba(part)
+            return [reg.classes_[proba.argmax(1)].astype(str), *proba.T]
+        return list(reg.predict(part, return_std=True))
+
+    starts = range(0, len(table), PREDICT_CHUNK_ROWS)
+    bar = progress_bar(starts, desc="predict", unit="chunk", enabled=not args.quiet and len(starts) > 1)
+    rows = write_table(args.output, header, (predictions(table[i:i + PREDICT_CHUNK_ROWS]) for i in bar))
+    print(f"wrote {rows} predictions to {args.output}")
+
+
+# rows predicted and written at a time by ``gpscale predict`` (a multiple of the models' row granule, so a row's
+# prediction is the one the whole call would give)
+PREDICT_CHUNK_ROWS = 65_536
 
 
 def _bench(args) -> None:

@@ -13,16 +13,19 @@ columns ``A0``, ``A1``, ... and each 1-D array a column of its own name, in the 
 from __future__ import annotations
 
 import csv
+import io
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from .shards import row_blocks
 
-__all__ = ["FORMATS", "read_table"]
+__all__ = ["FORMATS", "OUTPUT_FORMATS", "check_output_format", "read_table", "write_table"]
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet", ".feather": "arrow",
            ".arrow": "arrow", ".ipc": "arrow", ".npy": "npy", ".npz": "npz"}
+OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 def read_table(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | None = None,
@@ -243,3 +246,47 @@ def _numpy_columns(path: Path, kind: str) -> dict[str, np.ndarray]:
     if len(lengths) > 1:
         raise ValueError(f"{path}: its arrays have different numbers of rows ({sorted(lengths)}).")
     return columns
+
+
+def check_output_format(path: Path) -> str:
+    """The format :func:`write_table` writes at ``path``, by its extension; ValueError for another extension."""
+    kind = OUTPUT_FORMATS.get(Path(path).suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: gpscale writes tables as {', '.join(sorted(OUTPUT_FORMATS))}; give the output "
+                         "one of these extensions.")
+    return kind
+
+
+def write_table(path: Path, names: list[str], chunks: Iterable[list[np.ndarray]]) -> int:
+    """Write the columns ``names`` to ``path`` (CSV, TSV or Parquet, by its extension) one chunk of rows at a time:
+    each chunk is a list of column arrays, written as it comes, so that the rows are never all in memory. The file is
+    written atomically (:func:`gpscale.io.write_atomically`). Returns the number of rows written."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from .io import write_atomically
+
+    kind = check_output_format(path)
+    written = {"rows": 0}
+
+    def write(f) -> None:
+        writer = None
+        for columns in chunks:
+            batch = pa.table({name: pa.array(np.asarray(column)) for name, column in zip(names, columns)})
+            if writer is None and kind == "parquet":
+                writer = pq.ParquetWriter(f, batch.schema)
+            elif writer is None:  # the header as the csv module writes it: names quoted only where they must be
+                delimiter = "," if kind == "csv" else "\t"
+                header = io.StringIO()
+                csv.writer(header, delimiter=delimiter, lineterminator="\n").writerow(names)
+                f.write(header.getvalue().encode("utf-8"))
+                writer = pacsv.CSVWriter(f, batch.schema, write_options=pacsv.WriteOptions(
+                    include_header=False, delimiter=delimiter, quoting_style="needed"))
+            writer.write_table(batch)
+            written["rows"] += batch.num_rows
+        if writer is not None:
+            writer.close()
+
+    write_atomically(path, write)
+    return written["rows"]

@@ -142,3 +142,26 @@ def test_an_output_of_another_format_is_refused_before_any_work(tmp_path, table,
     path = write(tmp_path, table, "csv")
     assert main(["predict", str(tmp_path / "no-model.gps"), str(path), "-o", str(tmp_path / "p.xlsx")]) == 2
     assert "gpscale writes tables as .csv, .parquet, .pq, .tsv" in capsys.readouterr().err
+
+
+def test_a_process_reads_only_the_parquet_row_groups_that_hold_its_rows(tmp_path, table, monkeypatch):
+    path = write(tmp_path, table, "parquet")  # row groups of 7 rows
+    requested = []
+    read_row_groups = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, *args, **kwargs):
+        requested.append(list(groups))
+        return read_row_groups(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    _, block = read_table(path, shard=(2, 3))  # rows 33..49
+    np.testing.assert_array_equal(block, table[33:])
+    assert requested == [[4, 5, 6, 7]] * 3  # rows 28..55, for each of the three columns
+
+
+def test_a_bad_cell_in_another_processs_rows_is_named_alike_on_every_process(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("a,y\n" + "".join(f"{i},{i}\n" for i in range(20)) + "x,1\n")
+    for rank in range(2):
+        with pytest.raises(ValueError, match="line 22, column 'a': 'x' is not a number"):
+            read_table(path, shard=(rank, 2))

@@ -67,25 +67,48 @@ def _read_delimited(path: Path, delimiter: str, text_column, columns, shard) -> 
         header = next(csv.reader(f, delimiter=delimiter), None)
     names = [n.strip() for n in header or ()]
     read = _select(path, names, columns)
-    types = {n: pa.string() if n == text_column else pa.float64() for n in read}
+    options = dict(read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+                   parse_options=pacsv.ParseOptions(delimiter=delimiter),
+                   convert_options=pacsv.ConvertOptions(
+                       column_types={n: pa.string() if n == text_column else pa.float64() for n in read},
+                       include_columns=read, strings_can_be_null=True))
     try:
-        arrow = pacsv.read_csv(
-            path, read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=read,
-                                                 strings_can_be_null=True))
+        arrow, n_rows = _block_of_rows(path, options, shard)
     except pa.ArrowInvalid:  # a short row, or a cell that is not a number: named by the slow reader below
-        arrow = None
-    if arrow is None or arrow.num_rows < 1 or _has_missing_or_non_finite(arrow, text_column):
+        arrow, n_rows = None, 0
+    if arrow is None or n_rows < 1 or _has_missing_or_non_finite(arrow, text_column):
         _locate_bad_cell(path, delimiter, names, read, text_column)
+    return read, _to_numpy(arrow, read, text_column)
+
+
+def _block_of_rows(path: Path, options: dict, shard: tuple[int, int]):
+    """(the rows of process ``rank``'s block (:func:`gpscale.shards.row_blocks`) as an Arrow table, the file's
+    rows). One process reads the whole file at once; each of several streams it twice (counting the rows, then
+    keeping its block), so that it holds its block and one batch, not the file."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
     rank, world_size = shard
-    first, last = row_blocks(arrow.num_rows, world_size)[rank:rank + 2]
-    return read, _to_numpy(arrow.slice(first, last - first), read, text_column)
+    if world_size == 1:
+        arrow = pacsv.read_csv(path, **options)
+        return arrow, arrow.num_rows
+    reader = pacsv.open_csv(path, **options)
+    schema, n = reader.schema, sum(batch.num_rows for batch in reader)
+    first, last = row_blocks(n, world_size)[rank:rank + 2]
+    kept, seen = [], 0
+    for batch in pacsv.open_csv(path, **options):
+        start, stop = max(first - seen, 0), min(last - seen, batch.num_rows)
+        if start < stop:
+            kept.append(batch.slice(start, stop - start))
+        seen += batch.num_rows
+    return pa.Table.from_batches(kept, schema=schema), n
 
 
 def _has_missing_or_non_finite(arrow, text_column) -> bool:
     import pyarrow.compute as pc
 
+    if arrow.num_rows == 0:
+        return False
     for name, column in zip(arrow.column_names, arrow.columns):
         if column.null_count:
             return True
@@ -199,19 +222,25 @@ def _columnar_source(path: Path, kind: str):
     if kind == "parquet":
         source = pq.ParquetFile(path)
         names = list(source.schema_arrow.names)
-        n_rows = source.metadata.num_rows
+        ends = np.cumsum([source.metadata.row_group(g).num_rows for g in range(source.num_row_groups)])
 
         def fetch(name, first, last, count_only=False):
             if count_only:
-                return n_rows
-            return _arrow_values(source.read(columns=[name]).column(0).slice(first, last - first))
+                return int(ends[-1]) if len(ends) else 0
+            # only the row groups that hold rows first..last-1
+            groups = [g for g in range(len(ends)) if ends[g] > first and ends[g] - source.metadata.row_group(g)
+                      .num_rows < last]
+            start = int(ends[groups[0]] - source.metadata.row_group(groups[0]).num_rows) if groups else first
+            column = source.read_row_groups(groups, columns=[name]).column(0)
+            return _arrow_values(column.slice(first - start, last - first))
 
         return names, fetch
-    try:
-        reader = ipc.open_file(path)  # Feather v2 is Arrow IPC's file format, read memory-mapped
+    import pyarrow as pa
+
+    try:  # Feather v2 is Arrow IPC's file format: memory-mapped, a slice of it reads only its pages
+        whole = ipc.open_file(pa.memory_map(str(path))).read_all()
     except Exception as err:  # noqa: BLE001 - whatever pyarrow says, the file is not one it can read
         raise ValueError(f"{path} is not an Arrow IPC (Feather) file ({type(err).__name__}).") from None
-    whole = reader.read_all()
 
     def fetch(name, first, last, count_only=False):
         if count_only:

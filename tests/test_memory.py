@@ -202,3 +202,18 @@ def test_the_command_line_refuses_in_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "of 3,000 rows" in err and "MiB free" in err, err
     assert not (tmp_path / "m.gps").exists()
+
+
+def test_the_deep_convolutional_models_hidden_layer_refuses_a_batch_whose_kernel_matrix_does_not_fit(monkeypatch):
+    from gpscale.models import get_model_class
+
+    model = get_model_class("deep-conv-hvgp")(16, image_shape=(4, 4), filter_sizes=(2, 2), strides=(1, 1),
+                                              hidden_channels=2, hidden_inducing=3).double()
+    layer = model.hidden[0]
+    small = layer.patches(torch.randn(2, 16, dtype=torch.float64))
+    layer.moments(small)
+    limit_memory(monkeypatch, 1 * MB)  # 3 x (T 3) x 60,000 float64 numbers are 4.1 MB
+    big = torch.zeros(60_000, small.shape[1], dtype=torch.float64)
+    monkeypatch.setattr(layer.features, "Kuf", never)
+    with pytest.raises(InsufficientMemoryError, match=r"hidden layer.s covariance K_uf .*\(hidden_inducing="):
+        layer.moments(big)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "check_tensors_fit", "gib", "per_process_bytes"]
+__all__ = ["InsufficientMemoryError", "available_bytes", "check_fits", "check_tensors_fit", "check_tensors_fit_once",
+           "gib", "per_process_bytes"]
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -82,6 +83,17 @@ def check_tensors_fit(shape: tuple[int, ...], dtype: torch.dtype, *, what: str, 
     held = " x ".join(f"{int(s):,}" for s in shape) + f" {str(dtype).removeprefix('torch.')}"
     count = f"{copies} matrices of " if copies > 1 else ""
     check_fits(n_bytes, what=f"{what} ({count}{held})", device=device, advice=advice)
+
+
+def check_tensors_fit_once(checked: set, shape: tuple[int, ...], dtype: torch.dtype, *, what: str, advice: str,
+                           device: torch.device | str = "cpu", copies: int = 1) -> None:
+    """:func:`check_tensors_fit`, skipped for a (shape, dtype, copies) already in ``checked``, to which a check that
+    passes adds it: for the matrices of a training step or a prediction chunk, whose few shapes recur at every step,
+    where reading the free memory each time would cost more than a small step."""
+    key = (tuple(int(s) for s in shape), dtype, copies)
+    if key not in checked:
+        check_tensors_fit(shape, dtype, what=what, advice=advice, device=device, copies=copies)
+        checked.add(key)
 
 
 def _meminfo_available() -> int | None:

@@ -16,7 +16,7 @@ from ..device import chunks_on, to_device
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
-from ..memory import check_tensors_fit
+from ..memory import check_tensors_fit, check_tensors_fit_once
 
 __all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods", "option_names",
            "option_default", "NotFittedPosteriorError", "mixture_moments"]
@@ -323,11 +323,8 @@ class GPModel(nn.Module):
         """:func:`~gpscale.memory.check_tensors_fit` for matrices a training step or a prediction chunk forms, once
         per shape, dtype and count on this model: a fit's steps form the same few shapes, and reading the free
         memory at every step would cost more than a small step."""
-        checked = self.__dict__.setdefault("_batch_shapes_fit", set())
-        key = (tuple(int(s) for s in shape), dtype, copies)
-        if key not in checked:
-            check_tensors_fit(shape, dtype, copies=copies, device=self.device, what=what, advice=advice)
-            checked.add(key)
+        check_tensors_fit_once(self.__dict__.setdefault("_batch_shapes_fit", set()), shape, dtype, copies=copies,
+                               device=self.device, what=what, advice=advice)
 
     def check_joint_fits(self, rows: int, matrices: int) -> None:
         """Raise :class:`~gpscale.memory.InsufficientMemoryError`, before a joint covariance of ``rows`` test rows is

@@ -48,6 +48,7 @@ from ..kernels import SOFTPLUS_ZERO, Stationary, inverse_softplus, make_kernel
 from ..kernels.harmonic import GroupAction, check_invariant
 from ..kernels.patches import CHUNK_ENTRIES, PADDINGS, PatchGeometry
 from ..linalg import CORE, logdet_from_cholesky, solve_lower
+from ..memory import check_tensors_fit_once
 from ..options import check_options
 from ._variational import VariationalGP
 from .base import NotFittedPosteriorError, PredictiveFactors, mixture_moments, register
@@ -213,6 +214,12 @@ class HiddenConvLayer(nn.Module):
         factors ``|Li_t^T a_t|^2`` [T, r] (block t's covariance over channels is this times Sigma_o,t) and the
         Nyström residual ``k(x, x) - sum_t |a_t|^2`` [r] (times I over channels)."""
         T, m = self.blocks, self.q_mu.shape[-2]
+        check_tensors_fit_once(self.__dict__.setdefault("_batch_shapes_fit", set()), (T * m, patches.shape[0]),
+                               patches.dtype, copies=3, device=self.q_mu.device,
+                               what=f"The hidden layer's covariance K_uf of {T * m:,} inducing patches with the "
+                                    f"{patches.shape[0]:,} patches of a batch (and L^-1 K_uf and S^T L^-1 K_uf)",
+                               advice="Use a smaller batch_size= (training) or chunk_size= (prediction), or fewer "
+                                      "hidden inducing patches (hidden_inducing=...).")
         Lu = jittered_cholesky(self.features.Kuu(), self.jitter).reshape(T, m, m)  # [T, M, M]
         Kuf = self.features.Kuf(patches).reshape(T, m, -1)  # [T, M, r]
         A = solve_lower(Lu.to(patches.dtype), Kuf)  # L_t^{-1} Kuf, [T, M, r]

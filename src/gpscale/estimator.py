@@ -806,7 +806,8 @@ def _given_hyperparameters(options: dict) -> str:
 
 def _checkpoint_settings(options: dict, x_scale, fitted: dict) -> dict[str, str]:
     """What a training checkpoint records of a fit beyond the data the model sees (:mod:`gpscale.checkpoint`): the
-    model's options, and the scaling of X and of the targets (shifted data scale to the same rows), to 6 digits."""
+    model's options, and the scaling of X and of the targets to 6 digits (shifted data standardise to the same
+    rows: their scaling tells them apart)."""
     def digits(value) -> str:
         values = np.asarray(value)
         if values.dtype.kind not in "fiu":

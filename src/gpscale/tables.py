@@ -173,9 +173,8 @@ def _number(path: Path, line: int, column: str, cell: str) -> float:
 def _read_columnar(path: Path, kind: str, text_column, columns, shard) -> tuple[list[str], np.ndarray]:
     """Parquet, Arrow IPC (Feather v2), .npy and .npz: typed columns, so a bad cell is a missing or non-finite value
     (named by its row) or a column of another type."""
-    names, fetch = _columnar_source(path, kind)
+    names, n, fetch = _columnar_source(path, kind)
     read = _select(path, names, columns)
-    n = fetch(None, 0, None, count_only=True)
     if n < 1:
         raise ValueError(f"{path} needs at least one data row.")
     rank, world_size = shard
@@ -204,18 +203,16 @@ def _read_columnar(path: Path, kind: str, text_column, columns, shard) -> tuple[
 
 
 def _columnar_source(path: Path, kind: str):
-    """(names, fetch): ``fetch(name, first, last)`` the values of rows first..last-1 of column ``name`` (a float
-    array, or a list where a column holds text or missing values); ``fetch(..., count_only=True)`` the row count."""
+    """(names, rows, fetch): ``fetch(name, first, last)`` the values of rows first..last-1 of column ``name`` (a
+    float array, or a list where a column holds text or missing values)."""
     if kind in ("npy", "npz"):
         arrays = _numpy_columns(path, kind)
         names = list(arrays)
 
-        def fetch(name, first, last, count_only=False):
-            if count_only:
-                return len(next(iter(arrays.values()))) if arrays else 0
+        def fetch(name, first, last):
             return arrays[name][first:last]
 
-        return names, fetch
+        return names, len(next(iter(arrays.values()))) if arrays else 0, fetch
     import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
@@ -224,9 +221,7 @@ def _columnar_source(path: Path, kind: str):
         names = list(source.schema_arrow.names)
         ends = np.cumsum([source.metadata.row_group(g).num_rows for g in range(source.num_row_groups)])
 
-        def fetch(name, first, last, count_only=False):
-            if count_only:
-                return int(ends[-1]) if len(ends) else 0
+        def fetch(name, first, last):
             # only the row groups that hold rows first..last-1
             groups = [g for g in range(len(ends)) if ends[g] > first and ends[g] - source.metadata.row_group(g)
                       .num_rows < last]
@@ -234,7 +229,7 @@ def _columnar_source(path: Path, kind: str):
             column = source.read_row_groups(groups, columns=[name]).column(0)
             return _arrow_values(column.slice(first - start, last - first))
 
-        return names, fetch
+        return names, int(ends[-1]) if len(ends) else 0, fetch
     import pyarrow as pa
 
     try:  # Feather v2 is Arrow IPC's file format: memory-mapped, a slice of it reads only its pages
@@ -242,12 +237,10 @@ def _columnar_source(path: Path, kind: str):
     except Exception as err:  # noqa: BLE001 - whatever pyarrow says, the file is not one it can read
         raise ValueError(f"{path} is not an Arrow IPC (Feather) file ({type(err).__name__}).") from None
 
-    def fetch(name, first, last, count_only=False):
-        if count_only:
-            return whole.num_rows
+    def fetch(name, first, last):
         return _arrow_values(whole.column(name).slice(first, last - first))
 
-    return list(whole.column_names), fetch
+    return list(whole.column_names), whole.num_rows, fetch
 
 
 def _arrow_values(column):

@@ -165,9 +165,10 @@ def fit(
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
             over all held-out rows.
         convergence: the plateau rule of training to convergence.
-        checkpoint_settings: the caller's settings that shape the trained state beyond the model's key, the dtype,
-            the batch size and the validation fraction (the estimator's method options and scaling), names to
-            strings; a checkpoint records them and a resume with other values is refused.
+        checkpoint_settings: the caller's settings that shape the trained state beyond those of this call (the
+            model's key, the dtype, batch size, learning rate, seed, schedule and validation settings): the
+            estimator's method options and scaling, names to strings. A checkpoint records both, and a resume with
+            other values is refused.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """

@@ -292,6 +292,49 @@ def _estimator_worker(rank, port, out):
     end_worker()
 
 
+def _table_worker(rank, port, out, path):
+    """Fit svgp from a Parquet table in a 2-process job, recording the row groups this rank reads."""
+    import pyarrow.parquet as pq
+
+    from gpscale import GPRegressor, Table
+
+    read = []
+    iter_batches = pq.ParquetFile.iter_batches
+
+    def spy(self, *args, **kwargs):
+        read.append(list(kwargs["row_groups"]))
+        return iter_batches(self, *args, **kwargs)
+
+    def work():
+        pq.ParquetFile.iter_batches = spy
+        reg = GPRegressor(method="svgp", n_inducing=6, epochs=2, batch_size=32, dtype="float64", progress=False,
+                          distributed=True).fit(Table(path, target="y"))
+        return {"read": read, "rows": reg.training_["rows"], "mean": reg.predict(data()[2].numpy())}
+
+    in_job(rank, port, out, work, through_environment=True)
+
+
+def test_each_process_reads_only_its_row_groups_of_a_table_and_fits_the_one_process_model(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpscale import GPRegressor, Table
+
+    X, y, X_test = data()
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"a": X[:, 0].numpy(), "b": X[:, 1].numpy(), "y": y.numpy()}), path,
+                   row_group_size=10)
+    spawn(_table_worker, free_port(), str(tmp_path / "t"), str(path))
+    ranks = [torch.load(f"{tmp_path}/t.{rank}", weights_only=False) for rank in range(WORLD)]
+    # rows 0..48 and 49..96 (row_blocks): groups 0-4 and 4-9, for the scan and again for the staged copy
+    assert ranks[0]["read"] == [[g] for g in range(5)] * 2 and ranks[1]["read"] == [[g] for g in range(4, 10)] * 2
+    assert ranks[0]["rows"] == ranks[1]["rows"] == N
+    one = GPRegressor(method="svgp", n_inducing=6, epochs=2, batch_size=32, dtype="float64", progress=False)
+    expected = one.fit(Table(path, target="y")).predict(X_test.numpy())
+    for rank in ranks:
+        np.testing.assert_allclose(rank["mean"], expected, rtol=1e-9, atol=1e-9)
+
+
 def test_the_estimator_scales_with_global_statistics_and_rank_0_saves(tmp_path):
     from gpscale import GPRegressor
 

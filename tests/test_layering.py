@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
 LAYERS = [
     {"_version", "_stack", "device", "linalg", "distributed", "shards", "metrics", "scaling", "defaults", "lbfgs",
      "mcmc", "operators", "io", "data", "options", "cite", "heap", "memory", "iterative",
-     "preemption", "checkpoint", "tables"},
+     "preemption", "checkpoint", "tables", "sources"},
     {"kernels", "likelihoods"},
     {"models", "describe"},
     {"train"},

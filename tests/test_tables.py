@@ -147,16 +147,16 @@ def test_an_output_of_another_format_is_refused_before_any_work(tmp_path, table,
 def test_a_process_reads_only_the_parquet_row_groups_that_hold_its_rows(tmp_path, table, monkeypatch):
     path = write(tmp_path, table, "parquet")  # row groups of 7 rows
     requested = []
-    read_row_groups = pq.ParquetFile.read_row_groups
+    iter_batches = pq.ParquetFile.iter_batches
 
-    def spy(self, groups, *args, **kwargs):
-        requested.append(list(groups))
-        return read_row_groups(self, groups, *args, **kwargs)
+    def spy(self, *args, row_groups=None, **kwargs):
+        requested.append(list(row_groups))
+        return iter_batches(self, *args, row_groups=row_groups, **kwargs)
 
-    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
     _, block = read_table(path, shard=(2, 3))  # rows 33..49
     np.testing.assert_array_equal(block, table[33:])
-    assert requested == [[4, 5, 6, 7]] * 3  # rows 28..55, for each of the three columns
+    assert requested == [[4], [5], [6], [7]]  # rows 28..55, a row group at a time, every column in one pass
 
 
 def test_a_bad_cell_in_another_processs_rows_is_named_alike_on_every_process(tmp_path):

@@ -44,23 +44,47 @@ def test_same_seed_gives_identical_training_and_other_seed_differs():
     assert not torch.allclose(runs[0], runs[2])
 
 
-def test_minibatches_cover_every_point_once_per_epoch():
-    X, y = toy_regression(n=50)
-    model = SVGP(2, n_inducing=4).double()
-    seen = []
+def spy_on_batches(model, num_data: int) -> list:
+    """The list into which each call of ``model.loss`` puts its rows, checking that the loss is of ``num_data``
+    rows and that this process holds the whole batch."""
+    seen, expected = [], num_data
     original = model.loss
 
     def spy(xb, yb, num_data, comm, share):
         seen.append(xb)
-        assert num_data == 50 and share == 1.0
+        assert num_data == expected and share == 1.0
         return original(xb, yb, num_data, comm, share)
 
     model.loss = spy
+    return seen
+
+
+def test_minibatches_cover_every_point_once_per_epoch():
+    X, y = toy_regression(n=50)
+    model = SVGP(2, n_inducing=4).double()
+    seen = spy_on_batches(model, num_data=50)
     fit(model, X, y, epochs=2, batch_size=16, progress=False)
     first_epoch = torch.cat(seen[:4])
     assert len(seen) == 8 and [len(b) for b in seen[:4]] == [16, 16, 16, 2]
     assert sorted(first_epoch[:, 0].tolist()) == sorted(X[:, 0].tolist())
     assert not torch.equal(torch.cat(seen[:4]), torch.cat(seen[4:]))  # reshuffled
+
+
+def test_training_to_convergence_on_many_rows_takes_rounds_of_fresh_samples_and_steps_the_rate_down():
+    X, y = toy_regression(n=200)
+    model = SVGP(2, n_inducing=4).double()
+    seen = spy_on_batches(model, num_data=200)  # the loss is still the whole data's
+    # an epoch would take 20 steps of 10 rows; rounds take 3, of 30 rows drawn without replacement
+    rule = Convergence(minibatch_round=3, minibatch_window=3, patience=1, minibatch_tol=1.0)
+    result = fit(model, X, y, batch_size=10, max_steps=30, lr=0.01, progress=False, convergence=rule)
+    assert [h["step"] for h in result.history] == [3 * (i + 1) for i in range(len(result.history))]
+    assert len(seen) == 3 * len(result.history) and all(len(b) == 10 for b in seen)
+    first_round = torch.cat(seen[:3])[:, 0]
+    assert len(set(first_round.tolist())) == 30  # without replacement within a round
+    assert not torch.equal(first_round, torch.cat(seen[3:6])[:, 0])  # a fresh sample each round
+    # a tolerance no window meets after the first: the rate is cut twice, then training stops, before the cap
+    assert [h["lr"] for h in result.history] == pytest.approx([0.01, 0.01, 1e-3, 1e-4])
+    assert result.converged
 
 
 def test_the_optimiser_takes_the_models_parameter_groups():

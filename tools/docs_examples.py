@@ -98,6 +98,7 @@ def gpscale_commands(markdown: str) -> list[tuple[int, list[str]]]:
 def check_command(argv: list[str]) -> None:
     """Parse ``gpscale`` ``argv`` with the command line's parser and check the protocol it names; raises
     ``ValueError`` naming what is wrong."""
+    from gpscale.bench.files import FILES_PROTOCOL
     from gpscale.bench.floor import FLOOR_PROTOCOL
     from gpscale.bench.protocols import PROTOCOLS
     from gpscale.cli import _parser
@@ -110,7 +111,7 @@ def check_command(argv: list[str]) -> None:
             raise ValueError(f"`gpscale {shlex.join(argv)}` does not parse") from None
         return
     protocol = getattr(args, "protocol", None)
-    if protocol is not None and protocol not in PROTOCOLS and protocol != FLOOR_PROTOCOL:
+    if protocol is not None and protocol not in {*PROTOCOLS, FLOOR_PROTOCOL, FILES_PROTOCOL}:
         raise ValueError(f"`gpscale {shlex.join(argv)}`: no protocol {protocol!r}")
 
 

@@ -8,7 +8,8 @@ from .models._extrapolation import ExtrapolationWarning
 from .models.grief_i_chains import ConvergenceWarning
 from .preemption import Stopped
 from .scaling import OutlierWarning
+from .sources import Table
 
 
-__all__ = ["GPRegressor", "GPClassifier", "load", "available_methods", "NotPSDError", "NumericalWarning",
+__all__ = ["GPRegressor", "GPClassifier", "Table", "load", "available_methods", "NotPSDError", "NumericalWarning",
            "ExtrapolationWarning", "ConvergenceWarning", "OutlierWarning", "Stopped", "cite", "__version__"]

@@ -174,26 +174,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fit(args) -> None:
-
-    import torch
-
-    from .distributed import LOCAL, TorchComm, agree, process_device
+    from .distributed import LOCAL, TorchComm, process_device
     from .estimator import GPClassifier, GPRegressor
-    from .tables import read_table
     from .io import check_writable
+    from .sources import Table
 
     options = _parse_options(args.option, typed=True)
     check_writable(args.output)  # before training, not after
     comm, device = LOCAL, args.device
     if args.distributed:
         comm, device = TorchComm.from_env(device), process_device(device)
-    names, table = agree(comm, lambda: read_table(args.data, shard=(comm.rank, comm.world_size),
-                                                  text_column=args.target if args.classify else None))
-    if args.target not in names:
-        raise ValueError(f"{args.data} has no column {args.target!r}; its columns: {', '.join(names)}.")
-    target = names.index(args.target)
-    features = [n for i, n in enumerate(names) if i != target]
-    X, y = np.delete(table, target, axis=1).astype(np.float64), table[:, target]
+    table = Table(args.data, target=args.target)
     common = dict(method=args.method, n_inducing=args.n_inducing, epochs=args.epochs, max_steps=args.max_steps,
                   batch_size=args.batch_size, lr=args.lr, kernel=args.kernel, val_fraction=args.val_fraction,
                   seed=args.seed, dtype=args.dtype, device=device, progress=not args.quiet,
@@ -204,26 +195,26 @@ def _fit(args) -> None:
         reg = GPClassifier(**common)
     else:
         reg = GPRegressor(optimizer=args.optimizer, **common)
-    reg.fit(X, y)
-    reg.save(args.output, metadata={"feature_names": features, "target": args.target})
+    reg.fit(table)
+    reg.save(args.output, metadata={"feature_names": table.features, "target": args.target})
     if comm.rank == 0:
         where = f" ({comm.world_size} processes)" if comm.world_size > 1 else ""
-        print(f"fitted {reg.method_} on {int(comm.all_reduce_sum(torch.tensor(len(y))))} rows x {len(features)} "
-              f"features in {reg.training_seconds_:.1f} s{where}; saved {args.output}")
-    else:
-        comm.all_reduce_sum(torch.tensor(len(y)))  # every rank joins the collective
+        print(f"fitted {reg.method_} on {reg.training_['rows']} rows x {len(table.features)} features in "
+              f"{reg.training_seconds_:.1f} s{where}; saved {args.output}")
 
 
 def _predict(args) -> None:
     from .estimator import GPClassifier, load
     from .io import check_writable
-    from .tables import check_output_format, read_table, write_table
+    from .sources import Table
+    from .tables import check_output_format, write_table
     from .train import progress_bar
 
     check_writable(args.output)
     check_output_format(args.output)
     reg = load(args.model)
-    _, table = read_table(args.data, columns=reg.metadata_.get("feature_names"))  # other columns are not read
+    table = Table(args.data)
+    names = reg.metadata_.get("feature_names")  # other columns are not read
     if isinstance(reg, GPClassifier):  # the most probable label, then each class's probability
         header = ["label", *(f"p_{c}" for c in reg.classes_.tolist())]
     else:
@@ -235,14 +226,20 @@ def _predict(args) -> None:
             return [reg.classes_[proba.argmax(1)].astype(str), *proba.T]
         return list(reg.predict(part, return_std=True))
 
-    starts = range(0, len(table), PREDICT_CHUNK_ROWS)
-    bar = progress_bar(starts, desc="predict", unit="chunk", enabled=not args.quiet and len(starts) > 1)
-    rows = write_table(args.output, header, (predictions(table[i:i + PREDICT_CHUNK_ROWS]) for i in bar))
+    bar = progress_bar(desc="predict", unit="row", enabled=not args.quiet, delay=2.0)
+
+    def chunks():
+        for X, _ in table.blocks(features=names, rows=PREDICT_CHUNK_ROWS):
+            yield predictions(X)
+            bar.update(len(X))
+
+    with bar:
+        rows = write_table(args.output, header, chunks())
     print(f"wrote {rows} predictions to {args.output}")
 
 
-# rows predicted and written at a time by ``gpscale predict`` (a multiple of the models' row granule, so a row's
-# prediction is the one the whole call would give)
+# rows read, predicted and written at a time by ``gpscale predict`` from a columnar file (a CSV's blocks are
+# pyarrow's); a row's prediction does not depend on the other rows of its block (GPModel.in_chunks)
 PREDICT_CHUNK_ROWS = 65_536
 
 
@@ -250,6 +247,7 @@ def _bench(args) -> None:
     import time
 
     from .distributed import LOCAL, TorchComm, process_device
+    from .bench.files import FILES_DESCRIPTION, FILES_PROTOCOL, run_files
     from .bench.floor import FLOOR_DESCRIPTION, FLOOR_PROTOCOL, run_floor
     from .bench.protocols import PROTOCOLS, get_protocol
     from .bench.report import print_table, write_report
@@ -260,6 +258,12 @@ def _bench(args) -> None:
         for p in PROTOCOLS.values():
             print(f"{p.name:<16} v{p.version}  {p.description}")
         print(f"{'floor':<16}     {FLOOR_DESCRIPTION}")
+        print(f"{FILES_PROTOCOL:<16}     {FILES_DESCRIPTION}")
+        return
+    if args.protocol == FILES_PROTOCOL:
+        page = run_files(args.out or Path("results") / FILES_PROTOCOL, **_parse_options(args.data_option, typed=True))
+        print(page.read_text())
+        print(f"report: {page}")
         return
     if args.protocol == FLOOR_PROTOCOL:
         page = run_floor(args.out or Path("results") / "floor", methods=args.methods)

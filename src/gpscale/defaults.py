@@ -62,8 +62,11 @@ class Convergence:
     """When training with ``epochs=None`` stops: the plateau rule.
 
     The objective is watched in windows. For full-batch Adam a window is ``full_batch_window`` steps; for minibatch
-    Adam it is the smallest whole number of epochs holding at least ``minibatch_window`` steps (so a window always
-    sees every row, and its mean loss is a smoothed full-data objective). A window *improves* when its mean loss
+    Adam it is the smallest whole number of rounds holding at least ``minibatch_window`` steps, a round being an
+    epoch (so a window sees every row, and its mean loss is a smoothed full-data objective) or, where an epoch would
+    take more than ``minibatch_round`` steps, ``minibatch_round`` steps on a fresh random sample of the rows, drawn
+    without replacement (so that on millions of rows the rule still acts, and steps the learning rate down,
+    within the cap of steps, where a single epoch would outlast the cap at the first learning rate). A window *improves* when its mean loss
     (or, with ``val_fraction > 0``, the validation NLPD at its end) is below the best so far by more than
     ``tol * max(1, |best|)``, where ``tol`` is ``minibatch_tol`` for minibatch losses: the mean of a window of
     minibatch losses moves by about that much from window to window by chance alone. After ``patience`` windows
@@ -81,6 +84,7 @@ class Convergence:
     lr_cuts: int = 2
     full_batch_window: int = 10
     minibatch_window: int = 100
+    minibatch_round: int = 1000
     lbfgs_window: int = 10
 
 

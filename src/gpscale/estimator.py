@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -19,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._version import __version__
 from .defaults import Choice, choose_method, default_dtype, exact_max_steps, sgpr_max_steps
-from .distributed import LOCAL, Comm, TorchComm, agree, global_count
+from .distributed import LOCAL, Comm, TorchComm, agree, global_count, row_offset
 from .io import ModelFileError, read_model_file, write_model_file
 from .kernels import Kernel, kernel_from_spec, kernel_spec
 from .linalg import NotPSDError, cholesky
@@ -27,7 +28,8 @@ from .memory import check_tensors_fit, per_process_bytes
 from .models import available_methods, get_model_class
 from .models.base import GPModel, mixture_moments, option_default, option_names
 from .options import check_options
-from .scaling import SCALINGS, fit_scaling, warn_outlying_targets
+from .scaling import SCALINGS, fit_scaling, robust_centre_and_spread, warn_outlying_targets
+from .sources import ArrayRows, StagedRows, Table, TableScan
 from .train import TrainingError, fit
 
 __all__ = ["GPRegressor", "GPClassifier", "load", "resolve_dtype", "check_device", "boolean_options"]
@@ -134,20 +136,19 @@ class _GPEstimator(BaseEstimator):
             resolve_dtype(self.dtype)
         return check_device(self.device)
 
-    def _train(self, X: np.ndarray, targets: np.ndarray, comm: Comm, common: dict, fitted: dict,
-               **training) -> None:
+    def _train(self, data: ArrayRows | StagedRows, comm: Comm, common: dict, fitted: dict, **training) -> None:
         """Scale X as ``x_scaling`` says with its global statistics, choose the method (``method="auto"``), build
-        it with ``common`` options (those it accepts) and the method options, and train it on (X, targets). The
-        fitted attributes, ``fitted`` among them, are set together at the end: a fit that fails or is interrupted
-        leaves the estimator as it was."""
+        it with ``common`` options (those it accepts) and the method options, and train it on ``data`` (arrays,
+        or a table's rows staged on disk). The fitted attributes, ``fitted`` among them, are set together at the
+        end: a fit that fails or is interrupted leaves the estimator as it was."""
         device = self._check_settings()
-        n = global_count(X.shape[0], comm)
-        x_scale = fit_scaling(X, self.x_scaling, comm)
+        n, d = global_count(data.n, comm), data.d
+        x_scale = data.x_moments().scaling(self.x_scaling, comm)
         if self.method == "auto":
-            choice = choose_method(n, X.shape[1], self._task, n_inducing=self.n_inducing,
+            choice = choose_method(n, d, self._task, n_inducing=self.n_inducing,
                                    memory_bytes=per_process_bytes(device, comm), device_type=device.type)
         else:
-            capped = sgpr_max_steps(n, X.shape[1], self.n_inducing) if self.method == "sgpr" else None
+            capped = sgpr_max_steps(n, d, self.n_inducing) if self.method == "sgpr" else None
             choice = Choice(self.method, "named by the caller", capped)
         cls = get_model_class(choice.method)
         dtype = resolve_dtype(self.dtype, choice.method)
@@ -155,20 +156,20 @@ class _GPEstimator(BaseEstimator):
         if choice.method == "exact":  # its evidence's budget of work, as sgpr's passes
             rows = options.get("evidence_rows", option_default(cls, "evidence_rows"))
             choice = replace(choice, max_steps=exact_max_steps(n, rows))
-        model = cls(X.shape[1], **options).to(dtype=dtype, device=device)
+        model = cls(d, **options).to(dtype=dtype, device=device)
         model.check_memory(n, comm)  # before any training: a matrix the fit would form must fit
         if "lengthscale" not in options and not isinstance(options.get("kernel"), Kernel):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
         max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
+        X, y, mapped = data.tensors(x_scale, dtype, device)
         try:
-            result = fit(model, torch.tensor(x_scale.apply(X), dtype=dtype, device=device),
-                         torch.tensor(targets, dtype=dtype, device=device), epochs=self.epochs, max_steps=max_steps,
+            result = fit(model, X, y, epochs=self.epochs, max_steps=max_steps,
                          batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction,
                          patience=self.patience, val_every=self.val_every, seed=self.seed, progress=self.progress,
                          checkpoint=self.checkpoint, resume=self.resume, comm=comm,
                          checkpoint_settings=_checkpoint_settings(options, x_scale, fitted),
-                         **training)
+                         mapped=mapped, **training)
         except (NotPSDError, TrainingError) as error:
             given = _given_hyperparameters(options)
             if given:
@@ -179,7 +180,7 @@ class _GPEstimator(BaseEstimator):
             raise
         seconds = time.perf_counter() - tic
         settings = result.settings
-        training = {"trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
+        training = {"rows": n, "trainable": model.trainable, "optimizer": settings.optimizer, "epochs": settings.epochs,
                     "max_steps": settings.max_steps, "steps": result.steps, "converged": result.converged,
                     "final_objective": result.final_loss, "seconds": seconds}
         for name, value in {**fitted, "x_mean_": x_scale.shift, "x_std_": x_scale.scale, "dtype_": dtype,
@@ -188,6 +189,19 @@ class _GPEstimator(BaseEstimator):
                             "training_": training, "training_seconds_": seconds, "model_options_": options,
                             "model_": model}.items():
             setattr(self, name, value)
+
+    def _scan(self, table: Table, y, comm: Comm, labels: bool) -> TableScan:
+        """The first pass over ``table``'s rows (this process's block of them under data parallelism), with the
+        checks that ``validate_data`` makes of arrays; sets ``n_features_in_`` and ``feature_names_in_`` as it
+        does for a data frame."""
+        if y is not None:
+            raise ValueError(f"fit({table!r}) takes y from the table's target column {table.target!r}: pass no y.")
+        scan = agree(comm, lambda: TableScan(table, (comm.rank, comm.world_size), labels))
+        _check_global_rows(scan.n, comm)
+        if comm.world_size == 1 and scan.n < 2:
+            raise ValueError(f"{table.path} has {scan.n} data row; a fit needs at least 2.")
+        self.n_features_in_, self.feature_names_in_ = scan.d, np.asarray(table.features, dtype=object)
+        return scan
 
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
@@ -216,6 +230,9 @@ class _GPEstimator(BaseEstimator):
         ``calibrate_noise``, GP-GRIEF-I's MCMC settings), without training again; they become this estimator's
         parameters. All or nothing: on an error the estimator keeps its earlier posterior. Returns self."""
         check_is_fitted(self, "model_")
+        if isinstance(X, Table):
+            raise ValueError("refit_posterior takes the training rows as arrays (X, y); to fit from a Table again, "
+                             "call fit.")
         allowed = type(self.model_).posterior_options
         unknown = sorted(set(posterior_options) - set(allowed))
         if unknown:
@@ -313,6 +330,21 @@ class _GPEstimator(BaseEstimator):
         self.model_.check_inputs(X)
         return X
 
+    def _by_block(self, table: Table, predict):
+        """``predict`` (returning an array or a tuple of arrays) of the table's rows a block at a time, joined: the
+        columns the model was fitted on, by name where it was fitted on named columns (a table), else the
+        table's features."""
+        check_is_fitted(self, "model_")
+        names = getattr(self, "feature_names_in_", None)
+        parts = []
+        with warnings.catch_warnings():  # the names were matched here: the blocks are arrays
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            for X, _ in table.blocks(features=None if names is None else names.tolist()):
+                parts.append(predict(X))
+        if isinstance(parts[0], tuple):
+            return tuple(np.concatenate(column) for column in zip(*parts))
+        return np.concatenate(parts)
+
     def _latent(self, X) -> tuple[torch.Tensor, torch.Tensor]:
         """The latent predictive (mean, variance) at X."""
         X = self._inputs(X)  # first: it checks that the model is fitted
@@ -349,6 +381,7 @@ class _GPEstimator(BaseEstimator):
             "method_reason": self.method_reason_,
             "training": self.training_,
             "n_features_in": int(self.n_features_in_),
+            "feature_names": getattr(self, "feature_names_in_", np.empty(0)).tolist() or None,
             **self._header(),
             "dtype": _dtype_name(self.dtype_),
             "metadata": metadata or {},
@@ -392,6 +425,8 @@ class _GPEstimator(BaseEstimator):
                                                     "seconds": math.nan})
             est.model_options_ = _unjsonable(header["model_options"])
             est.n_features_in_ = header["n_features_in"]
+            if header.get("feature_names"):
+                est.feature_names_in_ = np.asarray(header["feature_names"], dtype=object)
             est.x_mean_, est.x_std_ = tensors["x_mean"].numpy(), tensors["x_std"].numpy()
             est._restore_header(header)
             est.metadata_ = header["metadata"]
@@ -528,22 +563,32 @@ class GPRegressor(RegressorMixin, _GPEstimator):
                          method_options)
 
     @_all_or_nothing
-    def fit(self, X, y):
-        """Scale, train and fit the posterior. X: (n, d), y: (n,). Returns self."""
+    def fit(self, X, y=None):
+        """Scale, train and fit the posterior. X: (n, d), y: (n,); or X a :class:`~gpscale.sources.Table` whose
+        target column gives y (y left None), read a block at a time. Returns self."""
         self._check_settings()
         if not isinstance(self.normalize_y, (bool, np.bool_)):
             raise ValueError(f"normalize_y must be True or False, got {self.normalize_y!r}.")
         comm = self._comm()
-        _check_global_rows(X, comm)
-        X, y = agree(comm, lambda: validate_data(self, _as_numpy(X), _numeric_targets(_as_numpy(y)), y_numeric=True,
-                                                 ensure_min_samples=_min_rows(comm), dtype=np.float64))
-        warn_outlying_targets(y, comm)
-        y_scale = fit_scaling(y, "standard" if self.normalize_y else "none", comm)
+        y_how = "standard" if self.normalize_y else "none"
+        if isinstance(X, Table):
+            scan = self._scan(X, y, comm, labels=False)
+            y_scale = scan.y_moments.scaling(y_how, comm)
+            first_y = scan.y_sample[0] if len(scan.y_sample) else 0.0
+            rows = StagedRows(scan, y_scale.apply, robust_centre_and_spread(scan.y_sample),
+                              row_offset(scan.n, comm))
+        else:
+            _check_global_rows(X, comm)
+            X, y = agree(comm, lambda: validate_data(self, _as_numpy(X), _numeric_targets(_as_numpy(y)),
+                                                     y_numeric=True, ensure_min_samples=_min_rows(comm),
+                                                     dtype=(np.float64, np.float32)))
+            warn_outlying_targets(y, comm)
+            y_scale, first_y = fit_scaling(y, y_how, comm), y[0]
+            rows = ArrayRows(X, y_scale.apply(y))
         if y_scale.constant:
-            raise ValueError(f"y is constant (every value is {y[0]!r}): there is nothing for a GP to fit. Check "
+            raise ValueError(f"y is constant (every value is {first_y!r}): there is nothing for a GP to fit. Check "
                              "the target column.")
-        self._train(X, y_scale.apply(y), comm,
-                    {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
+        self._train(rows, comm, {"kernel": self.kernel, "noise": self.noise, "learn_noise": self.learn_noise},
                     {"y_mean_": float(y_scale.shift), "y_std_": float(y_scale.scale)}, optimizer=self.optimizer)
         return self
 
@@ -559,6 +604,11 @@ class GPRegressor(RegressorMixin, _GPEstimator):
         instead."""
         if return_std and return_cov:
             raise ValueError("Ask for return_std or return_cov, not both: the std is the root of cov's diagonal.")
+        if isinstance(X, Table):
+            if return_cov:
+                raise ValueError("return_cov=True forms the covariance of all the rows at once: pass them as an "
+                                 "array, or ask a Table for return_std=True.")
+            return self._by_block(X, functools.partial(self.predict, return_std=return_std, latent=latent))
         if return_cov:
             mean, cov = self._joint(X, latent)
             return mean * self.y_std_ + self.y_mean_, cov * self.y_std_**2
@@ -651,21 +701,25 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
                          method_options)
 
     @_all_or_nothing
-    def fit(self, X, y):
-        """Train on X (n, d) and labels y (n,). Returns self."""
+    def fit(self, X, y=None):
+        """Train on X (n, d) and labels y (n,); or X a :class:`~gpscale.sources.Table` whose target column holds the
+        labels (y left None), read a block at a time. Returns self."""
         self._check_settings()
         comm = self._comm()
+        if isinstance(X, Table):
+            scan = self._scan(X, y, comm, labels=True)
+            classes = _global_classes(np.asarray(sorted(scan.classes)), comm)
+        else:
+            def validated():
+                _check_labels(_as_numpy(y))
+                checked = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=_min_rows(comm),
+                                        dtype=(np.float64, np.float32))
+                check_classification_targets(checked[1])
+                return checked
 
-        def validated():
-            _check_labels(_as_numpy(y))
-            checked = validate_data(self, _as_numpy(X), _as_numpy(y), ensure_min_samples=_min_rows(comm),
-                                    dtype=np.float64)
-            check_classification_targets(checked[1])
-            return checked
-
-        _check_global_rows(X, comm)
-        X, y = agree(comm, validated)
-        classes = _global_classes(y, comm)
+            _check_global_rows(X, comm)
+            X, y = agree(comm, validated)
+            classes = _global_classes(y, comm)
         C = len(classes)
         if C < 2:
             raise ValueError(f"y holds one class only ({np.asarray(classes[0]).item()!r}): a classifier needs at "
@@ -676,10 +730,10 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
                              "'softmax' (or leave likelihood=None).")
         if likelihood not in ("bernoulli", "robustmax", "softmax"):
             raise ValueError(f"likelihood must be None, 'bernoulli', 'robustmax' or 'softmax', got {likelihood!r}.")
-        self._train(X, _class_targets(y, classes, likelihood), comm,
-                    {"kernel": self.kernel, "likelihood": likelihood,
-                     "n_classes": None if likelihood == "bernoulli" else C},
-                    {"classes_": classes})
+        targets = functools.partial(_class_targets, classes=classes, likelihood=likelihood)
+        rows = StagedRows(scan, targets) if isinstance(X, Table) else ArrayRows(X, targets(y))
+        self._train(rows, comm, {"kernel": self.kernel, "likelihood": likelihood,
+                                 "n_classes": None if likelihood == "bernoulli" else C}, {"classes_": classes})
         return self
 
     def _training_rows(self, X, y) -> tuple[np.ndarray, np.ndarray]:
@@ -693,6 +747,8 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
     @torch.no_grad()
     def predict_proba(self, X):
         """Predictive class probabilities (n*, C), columns in the order of ``classes_``."""
+        if isinstance(X, Table):
+            return self._by_block(X, self.predict_proba)
         means_f, variances_f = self._latent_mixture(X)  # the mean of the components' probabilities
         S = means_f.shape[0]  # the likelihood takes rows [S n*(, C)]
         p = self.model_.likelihood.probability(means_f.flatten(0, 1), variances_f.flatten(0, 1))
@@ -825,12 +881,12 @@ def _min_rows(comm: Comm) -> int:
     return 2 if comm.world_size == 1 else 1
 
 
-def _check_global_rows(X, comm: Comm) -> None:
-    """Under data parallelism: at least 2 rows over the processes' parts of X, and at least 1 in each (the same
-    error on every process)."""
+def _check_global_rows(rows, comm: Comm) -> None:
+    """Under data parallelism: at least 2 rows over the processes' parts (this one's: ``rows``, an array or their
+    number), and at least 1 in each (the same error on every process)."""
     if comm.world_size == 1:
         return
-    counts = comm.all_gather(torch.tensor([len(X)])).tolist()
+    counts = comm.all_gather(torch.tensor([rows if isinstance(rows, int) else len(rows)])).tolist()
     if sum(counts) < 2 or min(counts) < 1:
         rows = f"{sum(counts):,} row{'s' if sum(counts) != 1 else ''}"
         raise ValueError(f"The data have {rows}, parted {counts} over {comm.world_size} processes: "

@@ -27,14 +27,18 @@ import torch
 from ._stack import user_stacklevel
 from .distributed import LOCAL, Comm, row_offset
 
-__all__ = ["OUTLIER_THRESHOLD", "SCALINGS", "OutlierWarning", "Scaling", "fit_scaling", "warn_outlying_targets"]
+__all__ = ["OUTLIER_THRESHOLD", "SCALINGS", "ColumnMoments", "OutlierWarning", "Scaling", "fit_scaling",
+           "robust_centre_and_spread", "warn_outliers",
+           "warn_outlying_targets"]
 
 SCALINGS = ("standard", "minmax", "center", "none")
 
 # robust standard deviations from the median: a Student-t(3) draw lies this far once in 7e8 draws, while one such
 # value among n targets inflates their standard deviation about 1000 / sqrt(n) times
 OUTLIER_THRESHOLD = 1000.0
-_MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
+_MAD_TO_SD = 1.4826
+# rows taken at a time into the statistics (a float64 block of 16 features: 8 MB)
+BLOCK_ROWS = 65_536  # the median absolute deviation of a normal sample times this is its standard deviation
 
 
 class OutlierWarning(UserWarning):
@@ -53,8 +57,15 @@ class Scaling:
     constant: np.ndarray
 
     def apply(self, A: np.ndarray) -> np.ndarray:
-        """Rows A [n, d] (or [n]) scaled."""
+        """Rows A [n, d] (or [n]) scaled, in float64."""
         return (np.asarray(A, dtype=np.float64) - self.shift) / self.scale
+
+    def apply_into(self, A: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+        """Rows A [n, d] scaled into the tensor ``out`` [n, d] (of any dtype), :data:`BLOCK_ROWS` rows at a time:
+        the same values as ``apply`` cast to ``out``'s dtype, without a float64 copy of A."""
+        for start in range(0, len(A), BLOCK_ROWS):
+            out[start:start + BLOCK_ROWS] = torch.from_numpy(self.apply(A[start:start + BLOCK_ROWS]))
+        return out
 
     def undo(self, A: np.ndarray) -> np.ndarray:
         """Scaled rows back in the original units."""
@@ -64,20 +75,70 @@ class Scaling:
 def fit_scaling(A, how: str = "standard", comm: Comm = LOCAL) -> Scaling:
     """The scaling ``how`` (one of :data:`SCALINGS`) of the training rows A [n, d] (or targets [n]), from every
     process's rows when ``comm`` joins several."""
-    if how not in SCALINGS:
-        raise ValueError(f"A scaling must be one of {', '.join(map(repr, SCALINGS))}, got {how!r}.")
-    A = np.asarray(A, dtype=np.float64)
-    if how == "none":
-        return Scaling(how, np.zeros(A.shape[1:]), np.ones(A.shape[1:]), np.zeros(A.shape[1:], dtype=bool))
-    if how == "minmax":
-        low, high = _global_extreme(A.min(axis=0), comm, np.minimum), _global_extreme(A.max(axis=0), comm, np.maximum)
-        shift, spread = (high + low) / 2, (high - low) / 2
-    else:
-        n = _global_sum(np.asarray(float(A.shape[0])), comm)
-        shift = _global_sum(A.sum(axis=0), comm) / n
-        spread = np.sqrt(_global_sum(((A - shift) ** 2).sum(axis=0), comm) / n)
-    scale = np.ones_like(spread) if how == "center" else np.where(spread > 0, spread, 1.0)
-    return Scaling(how, shift, scale, spread == 0)
+    A = np.asarray(A)
+    return ColumnMoments(A.shape[1:]).add(A).scaling(how, comm)
+
+
+class ColumnMoments:
+    """The statistics a scaling needs, gathered from rows given a block at a time (one streamed pass over data that
+    need not fit in memory): per column the count n, the mean, the sum of squared deviations from it M2, the least
+    and the greatest value. Two sets of rows combine exactly (Chan, Golub and LeVeque's update):
+
+        n = n_a + n_b,  mean = mean_a + (mean_b - mean_a) n_b / n,
+        M2 = M2_a + M2_b + (mean_b - mean_a)^2 n_a n_b / n,
+
+    which, unlike a running sum of squares, loses no digits to a column's offset."""
+
+    def __init__(self, shape: tuple[int, ...] = ()):
+        self.n = 0
+        self.mean, self.m2 = np.zeros(shape), np.zeros(shape)
+        self.low, self.high = np.full(shape, np.inf), np.full(shape, -np.inf)
+
+    def add(self, A: np.ndarray) -> ColumnMoments:
+        """Take in the rows A [b, d] (or [b]), in float64 blocks of at most :data:`BLOCK_ROWS` rows (a float32 A is
+        never copied whole); returns self."""
+        A = np.asarray(A)
+        for start in range(0, len(A), BLOCK_ROWS):
+            block = np.asarray(A[start:start + BLOCK_ROWS], dtype=np.float64)
+            mean = block.mean(axis=0)
+            self._combine(len(block), mean, ((block - mean) ** 2).sum(axis=0), block.min(axis=0), block.max(axis=0))
+        return self
+
+    def _combine(self, n, mean, m2, low, high) -> None:
+        total = self.n + n
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + m2 + delta ** 2 * (self.n * n / total)
+        self.n = total
+        self.low, self.high = np.minimum(self.low, low), np.maximum(self.high, high)
+
+    def over_processes(self, comm: Comm) -> ColumnMoments:
+        """The statistics of every process's rows (the same on every process: combined in rank order)."""
+        if comm.world_size == 1:
+            return self
+        mine = np.concatenate([[float(self.n)], *(np.ravel(a) for a in (self.mean, self.m2, self.low, self.high))])
+        gathered = comm.all_gather(torch.as_tensor(mine, dtype=torch.float64)[None]).numpy()
+        total = ColumnMoments(self.mean.shape)
+        for row in gathered:
+            n, rest = int(row[0]), row[1:].reshape(4, *self.mean.shape) if self.mean.shape else row[1:]
+            if n:
+                total._combine(n, *rest)
+        return total
+
+    def scaling(self, how: str, comm: Comm = LOCAL) -> Scaling:
+        """The scaling ``how`` (one of :data:`SCALINGS`) of the rows taken in, by every process."""
+        if how not in SCALINGS:
+            raise ValueError(f"A scaling must be one of {', '.join(map(repr, SCALINGS))}, got {how!r}.")
+        shape = self.mean.shape
+        if how == "none":
+            return Scaling(how, np.zeros(shape), np.ones(shape), np.zeros(shape, dtype=bool))
+        stats = self.over_processes(comm)
+        if how == "minmax":
+            shift, spread = (stats.high + stats.low) / 2, (stats.high - stats.low) / 2
+        else:
+            shift, spread = stats.mean, np.sqrt(stats.m2 / stats.n)
+        scale = np.ones_like(spread) if how == "center" else np.where(spread > 0, spread, 1.0)
+        return Scaling(how, shift, scale, spread == 0)
 
 
 def warn_outlying_targets(y, comm: Comm = LOCAL) -> None:
@@ -88,35 +149,36 @@ def warn_outlying_targets(y, comm: Comm = LOCAL) -> None:
     y = np.asarray(y, dtype=np.float64)
     offset = row_offset(len(y), comm)  # on every process: a collective
     rows = np.flatnonzero(robust_z_scores(y) > OUTLIER_THRESHOLD)
-    if rows.size == 0:
+    warn_outliers(rows.size, [(offset + i, y[i]) for i in rows[:5]])
+
+
+def warn_outliers(count: int, shown: list[tuple[int, float]]) -> None:
+    """The :class:`OutlierWarning` of ``count`` outlying targets, ``shown`` the first few as (row, value); nothing
+    when ``count`` is 0."""
+    if count == 0:
         return
-    how_many = "1 target lies" if rows.size == 1 else f"{rows.size} targets lie"
-    shown = ", ".join(f"y[{offset + i}] = {y[i]:.6g}" for i in rows[:5]) + (", ..." if rows.size > 5 else "")
+    how_many = "1 target lies" if count == 1 else f"{count} targets lie"
+    listed = ", ".join(f"y[{row}] = {value:.6g}" for row, value in shown[:5]) + (", ..." if count > 5 else "")
     warnings.warn(
-        f"{how_many} over {OUTLIER_THRESHOLD:g} robust standard deviations from the median of y ({shown}): such "
+        f"{how_many} over {OUTLIER_THRESHOLD:g} robust standard deviations from the median of y ({listed}): such "
         "values dominate the scaling of y and the fit, which may then predict little more than a constant. Check "
         "those rows; remove them, or transform y (e.g. its logarithm) if such values are real.", OutlierWarning,
         stacklevel=user_stacklevel())
 
 
-def robust_z_scores(y: np.ndarray) -> np.ndarray:
-    """|y - median(y)| [n] in robust standard deviations: 1.4826 times the median of the absolute deviations that
+def robust_centre_and_spread(y: np.ndarray) -> tuple[float, float]:
+    """The median of y and its robust standard deviation: 1.4826 times the median of the absolute deviations that
     are not zero, so that targets most of which share one value (counts, zero-inflated data) keep the spread of the
-    others; all zeros when every target is the median."""
-    deviation = np.abs(y - np.median(y))
+    others; 0 when every target is the median."""
+    centre = float(np.median(y)) if len(y) else 0.0
+    deviation = np.abs(y - centre)
     spread = deviation[deviation > 0]
-    if spread.size == 0:
-        return np.zeros_like(deviation)
-    return deviation / (_MAD_TO_SD * np.median(spread))
+    return centre, float(_MAD_TO_SD * np.median(spread)) if spread.size else 0.0
 
 
-def _global_sum(a: np.ndarray, comm: Comm) -> np.ndarray:
-    if comm.world_size == 1:
-        return a
-    return comm.all_reduce_sum(torch.as_tensor(np.asarray(a), dtype=torch.float64)).numpy()
-
-
-def _global_extreme(a: np.ndarray, comm: Comm, reduce) -> np.ndarray:
-    if comm.world_size == 1:
-        return a
-    return reduce.reduce(comm.all_gather(torch.as_tensor(np.asarray(a), dtype=torch.float64)[None]).numpy(), axis=0)
+def robust_z_scores(y: np.ndarray) -> np.ndarray:
+    """|y - median(y)| [n] in robust standard deviations (:func:`robust_centre_and_spread`); all zeros when every
+    target is the median."""
+    centre, spread = robust_centre_and_spread(y)
+    deviation = np.abs(y - centre)
+    return deviation / spread if spread > 0 else np.zeros_like(deviation)

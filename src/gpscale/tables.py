@@ -1,10 +1,11 @@
-"""Tables from files, read by the libraries made for them: CSV and TSV by pyarrow's multithreaded CSV reader, Parquet
-and Feather / Arrow IPC by pyarrow, ``.npy`` and ``.npz`` by numpy; the format is chosen by the file's extension.
+"""Tables from files, read by the libraries made for them: CSV and TSV by pyarrow's CSV reader, Parquet and Feather /
+Arrow IPC by pyarrow, ``.npy`` and ``.npz`` by numpy; the format is chosen by the file's extension.
 
-:func:`read_table` gives the header names and a float64 table (or, with a column of class labels, an object table).
-Every cell of the data path is parsed by those libraries, never one at a time in Python. A file they refuse, or whose
-cells they read as missing or non-finite (an empty cell, ``nan``, ``inf``), is read again cell by cell to name the
-first bad cell's line and column; only a bad file pays for that.
+:func:`read_blocks` gives a table's rows a block at a time (what :class:`gpscale.sources.Table` reads, so that
+memory does not grow with the file), :func:`read_table` the whole table, float64 (or, with a column of class labels,
+an object table). Every cell of the data path is parsed by those libraries, never one at a time in Python. A file
+they refuse, or whose cells they read as missing or non-finite (an empty cell, ``nan``, ``inf``), is read again cell
+by cell to name the first bad cell's line and column; only a bad file pays for that.
 
 ``.npy``: a 2-D array, its columns named ``0``, ``1``, ... (``--target 10``). ``.npz``: each 2-D array ``A`` gives
 columns ``A0``, ``A1``, ... and each 1-D array a column of its own name, in the file's order (the data folder's
@@ -14,30 +15,84 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+import itertools
+import math
+import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from .shards import row_blocks
 
-__all__ = ["FORMATS", "OUTPUT_FORMATS", "check_output_format", "read_table", "write_table"]
+__all__ = ["BLOCK_ROWS", "FORMATS", "OUTPUT_FORMATS", "check_output_format", "read_blocks", "read_table",
+           "table_columns", "write_table"]
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet", ".feather": "arrow",
            ".arrow": "arrow", ".ipc": "arrow", ".npy": "npy", ".npz": "npz"}
+# rows of a block of a columnar file (Parquet, Feather, .npy, .npz); a CSV's blocks are pyarrow's, of _CSV_BLOCK_BYTES
+BLOCK_ROWS = 65_536
+_CSV_BLOCK_BYTES = 1 << 20
 OUTPUT_FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}
 
 
 def read_table(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | None = None,
                columns: list[str] | None = None) -> tuple[list[str], np.ndarray]:
-    """Header names and a float64 table [rows, columns] of the file at ``path``; non-numeric, non-finite (nan, inf)
-    or missing cells are errors that name their position. A UTF-8 byte-order mark before a CSV header is not part
-    of the first name.
+    """Header names and a float64 table [rows, columns] of the file at ``path``: :func:`read_blocks`'s blocks,
+    joined. ``columns``, ``text_column`` and ``shard`` as there."""
+    names = table_columns(path)
+    read = _select(path, names, columns)
+    blocks = list(read_blocks(path, read, text_column, shard))
+    return read, np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
-    ``columns``: only these, in this order (default: all). ``text_column`` (class labels) is kept as the text of its
-    cells, so the table is then an object array; a missing label is an error. ``shard=(rank, world_size)``: only
-    that process's contiguous block of the data rows (the blocks of ranks 0, 1, ... in order are the file's rows).
-    """
+
+def table_columns(path: Path) -> list[str]:
+    """The column names of the table file at ``path`` (a CSV's header; see the module docstring for ``.npy`` and
+    ``.npz``); ValueError for an unknown extension, FileNotFoundError for a missing file."""
+    path, kind = _kind(path)
+    if kind in ("csv", "tsv"):
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            header = next(csv.reader(f, delimiter=_DELIMITERS[kind]), None)
+        return [n.strip() for n in header or ()]
+    return _columnar_source(path, kind)[0]
+
+
+def read_blocks(path: Path, columns: list[str] | None = None, text_column: str | None = None,
+                shard: tuple[int, int] = (0, 1), rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:
+    """The file's rows as consecutive blocks of at most ``rows`` rows each (a CSV's blocks are pyarrow's, usually
+    fewer rows), float64 [b, columns] (an object array where ``text_column``, class labels kept as text, is among
+    them), read as they are consumed: the memory is a block's, whatever the file's size. The checks of
+    :func:`read_table` apply to every block; the first block is read before the first is given, so an empty file
+    fails at once.
+
+    ``columns``: only these, in this order (default: all). ``shard=(rank, world_size)``: only that process's
+    contiguous block of the data rows (:func:`gpscale.shards.row_blocks`), read from the file's rows or row groups
+    that hold it (a CSV is streamed twice: counting its rows, then keeping the block)."""
+    path, kind = _kind(path)
+    read = _select(path, table_columns(path), columns)
+    if kind in ("csv", "tsv"):
+        blocks = _delimited_blocks(path, _DELIMITERS[kind], text_column, read, shard)
+    else:
+        blocks = _columnar_blocks(path, kind, text_column, read, shard, rows)
+    first = next(blocks, None)
+    if first is None:
+        raise ValueError(f"{path} needs a header row and at least one data row." if kind in ("csv", "tsv")
+                         else f"{path} needs at least one data row.")
+    return itertools.chain([first], blocks, _released_arrow_memory())
+
+
+def _released_arrow_memory() -> Iterator[np.ndarray]:
+    """Nothing, after returning the memory pyarrow's allocator kept from the blocks to the system (it keeps freed
+    pages for reuse, which after a pass over a large file are the pages of its largest row group)."""
+    if "pyarrow" in sys.modules:
+        sys.modules["pyarrow"].default_memory_pool().release_unused()
+    yield from ()
+
+
+_DELIMITERS = {"csv": ",", "tsv": "\t"}
+
+
+def _kind(path) -> tuple[Path, str]:
     path = Path(path)
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
@@ -45,11 +100,7 @@ def read_table(path: Path, shard: tuple[int, int] = (0, 1), text_column: str | N
                          f"{', '.join(sorted(FORMATS))}.")
     if not path.is_file():
         raise FileNotFoundError(f"No such file: {path}.")
-    if kind in ("csv", "tsv"):
-        names, table = _read_delimited(path, "," if kind == "csv" else "\t", text_column, columns, shard)
-    else:
-        names, table = _read_columnar(path, kind, text_column, columns, shard)
-    return names, table
+    return path, kind
 
 
 def _select(path: Path, names: list[str], columns: list[str] | None) -> list[str]:
@@ -59,49 +110,40 @@ def _select(path: Path, names: list[str], columns: list[str] | None) -> list[str
     return list(columns) if columns is not None else names
 
 
-def _read_delimited(path: Path, delimiter: str, text_column, columns, shard) -> tuple[list[str], np.ndarray]:
+def _delimited_blocks(path: Path, delimiter: str, text_column, read, shard) -> Iterator[np.ndarray]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        header = next(csv.reader(f, delimiter=delimiter), None)
-    names = [n.strip() for n in header or ()]
-    read = _select(path, names, columns)
-    options = dict(read_options=pacsv.ReadOptions(column_names=names, skip_rows=1),
+    names = table_columns(path)
+    options = dict(read_options=pacsv.ReadOptions(column_names=names, skip_rows=1, block_size=_CSV_BLOCK_BYTES),
                    parse_options=pacsv.ParseOptions(delimiter=delimiter),
                    convert_options=pacsv.ConvertOptions(
                        column_types={n: pa.string() if n == text_column else pa.float64() for n in read},
                        include_columns=read, strings_can_be_null=True))
-    try:
-        arrow, n_rows = _block_of_rows(path, options, shard)
-    except pa.ArrowInvalid:  # a short row, or a cell that is not a number: named by the slow reader below
-        arrow, n_rows = None, 0
-    if arrow is None or n_rows < 1 or _has_missing_or_non_finite(arrow, text_column):
-        _locate_bad_cell(path, delimiter, names, read, text_column)
-    return read, _to_numpy(arrow, read, text_column)
-
-
-def _block_of_rows(path: Path, options: dict, shard: tuple[int, int]):
-    """(the rows of process ``rank``'s block (:func:`gpscale.shards.row_blocks`) as an Arrow table, the file's
-    rows). One process reads the whole file at once; each of several streams it twice (counting the rows, then
-    keeping its block), so that it holds its block and one batch, not the file."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     rank, world_size = shard
-    if world_size == 1:
-        arrow = pacsv.read_csv(path, **options)
-        return arrow, arrow.num_rows
-    reader = pacsv.open_csv(path, **options)
-    schema, n = reader.schema, sum(batch.num_rows for batch in reader)
-    first, last = row_blocks(n, world_size)[rank:rank + 2]
-    kept, seen = [], 0
-    for batch in pacsv.open_csv(path, **options):
-        start, stop = max(first - seen, 0), min(last - seen, batch.num_rows)
-        if start < stop:
-            kept.append(batch.slice(start, stop - start))
-        seen += batch.num_rows
-    return pa.Table.from_batches(kept, schema=schema), n
+    try:
+        if world_size > 1:
+            n = sum(batch.num_rows for batch in pacsv.open_csv(path, **options))
+            first, last = row_blocks(n, world_size)[rank:rank + 2]
+        else:
+            n, first, last = None, 0, math.inf
+        seen, given = 0, False
+        for batch in pacsv.open_csv(path, **options):
+            start, stop = max(first - seen, 0), min(last - seen, batch.num_rows)
+            seen += batch.num_rows
+            if start >= stop:
+                continue
+            batch = batch.slice(start, stop - start)
+            if _has_missing_or_non_finite(batch, text_column):
+                _locate_bad_cell(path, delimiter, names, read, text_column)
+            given = True
+            yield _to_numpy(batch, read, text_column)
+    except pa.ArrowInvalid:  # a short row, or a cell that is not a number: named by the slow reader below
+        _locate_bad_cell(path, delimiter, names, read, text_column)
+    if seen < 1:
+        _locate_bad_cell(path, delimiter, names, read, text_column)
+    if not given:  # a process whose block of a short file is empty
+        yield _to_numpy(None, read, text_column)
 
 
 def _has_missing_or_non_finite(arrow, text_column) -> bool:
@@ -121,6 +163,9 @@ def _has_missing_or_non_finite(arrow, text_column) -> bool:
 
 
 def _to_numpy(arrow, read: list[str], text_column) -> np.ndarray:
+    """An Arrow batch's columns ``read`` as a table [rows, columns] (None: no rows)."""
+    if arrow is None:
+        return np.empty((0, len(read)), dtype=object if text_column in read else np.float64)
     if text_column in read:
         table = np.empty((arrow.num_rows, len(read)), dtype=object)
         for j, name in enumerate(read):
@@ -170,77 +215,92 @@ def _number(path: Path, line: int, column: str, cell: str) -> float:
     return value
 
 
-def _read_columnar(path: Path, kind: str, text_column, columns, shard) -> tuple[list[str], np.ndarray]:
+def _columnar_blocks(path: Path, kind: str, text_column, read, shard, rows: int) -> Iterator[np.ndarray]:
     """Parquet, Arrow IPC (Feather v2), .npy and .npz: typed columns, so a bad cell is a missing or non-finite value
     (named by its row) or a column of another type."""
-    names, n, fetch = _columnar_source(path, kind)
-    read = _select(path, names, columns)
+    names, n, blocks = _columnar_source(path, kind)
     if n < 1:
         raise ValueError(f"{path} needs at least one data row.")
     rank, world_size = shard
     first, last = row_blocks(n, world_size)[rank:rank + 2]
-    table = np.empty((last - first, len(read)), dtype=object if text_column in read else np.float64)
+    if first == last:
+        yield np.empty((0, len(read)), dtype=object if text_column in read else np.float64)
+        return
+    for start, values in blocks(read, int(first), int(last), rows):
+        yield _checked_block(path, read, text_column, start, values)
+
+
+def _checked_block(path: Path, read: list[str], text_column, start: int, values: dict) -> np.ndarray:
+    """The columns ``values`` (name: values of rows start, start + 1, ...) as a table, checked."""
+    size = len(next(iter(values.values())))
+    table = np.empty((size, len(read)), dtype=object if text_column in read else np.float64)
     for j, name in enumerate(read):
-        values = fetch(name, first, last)
+        column = values[name]
         if name == text_column:
-            labels = np.array([None if v is None else str(v).strip() for v in values], dtype=object)
+            labels = np.array([None if v is None else str(v).strip() for v in column], dtype=object)
             bad = np.flatnonzero([not v for v in labels])
             if bad.size:
-                raise ValueError(f"{path}, row {first + bad[0] + 1}, column {name!r}: the class label is missing.")
+                raise ValueError(f"{path}, row {start + bad[0] + 1}, column {name!r}: the class label is missing.")
             table[:, j] = labels
             continue
         try:
-            numbers = np.asarray(values, dtype=np.float64)
+            numbers = np.asarray(column, dtype=np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"{path}, column {name!r}: not numbers (its values are like {values[0]!r}); only a "
+            raise ValueError(f"{path}, column {name!r}: not numbers (its values are like {column[0]!r}); only a "
                              "class label column (--classify) may hold text.") from None
         bad = np.flatnonzero(~np.isfinite(numbers))
         if bad.size:
-            raise ValueError(f"{path}, row {first + bad[0] + 1}, column {name!r}: {float(numbers[bad[0]])} is not "
+            raise ValueError(f"{path}, row {start + bad[0] + 1}, column {name!r}: {float(numbers[bad[0]])} is not "
                              "a finite number (a missing value, nan or inf). Remove that row or impute the cell.")
         table[:, j] = numbers
-    return read, table
+    return table
 
 
 def _columnar_source(path: Path, kind: str):
-    """(names, rows, fetch): ``fetch(name, first, last)`` the values of rows first..last-1 of column ``name`` (a
-    float array, or a list where a column holds text or missing values)."""
+    """(names, rows, blocks): ``blocks(read, first, last, rows)`` yields (start, {name: values}) for consecutive
+    pieces of at most ``rows`` of rows first..last-1 of the columns ``read`` (values: a float array, or a list
+    where a column holds text or missing values)."""
     if kind in ("npy", "npz"):
         arrays = _numpy_columns(path, kind)
-        names = list(arrays)
 
-        def fetch(name, first, last):
-            return arrays[name][first:last]
+        def slices(read, first, last, rows):
+            for start in range(first, last, rows):
+                yield start, {name: arrays[name][start:min(start + rows, last)] for name in read}
 
-        return names, len(next(iter(arrays.values()))) if arrays else 0, fetch
+        return list(arrays), len(next(iter(arrays.values()))) if arrays else 0, slices
+    import pyarrow as pa
     import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
 
     if kind == "parquet":
         source = pq.ParquetFile(path)
-        names = list(source.schema_arrow.names)
-        ends = np.cumsum([source.metadata.row_group(g).num_rows for g in range(source.num_row_groups)])
+        sizes = [source.metadata.row_group(g).num_rows for g in range(source.num_row_groups)]
+        ends = np.cumsum(sizes)
 
-        def fetch(name, first, last):
-            # only the row groups that hold rows first..last-1
-            groups = [g for g in range(len(ends)) if ends[g] > first and ends[g] - source.metadata.row_group(g)
-                      .num_rows < last]
-            start = int(ends[groups[0]] - source.metadata.row_group(groups[0]).num_rows) if groups else first
-            column = source.read_row_groups(groups, columns=[name]).column(0)
-            return _arrow_values(column.slice(first - start, last - first))
+        def row_groups(read, first, last, rows):
+            # only the row groups that hold rows first..last-1, one at a time (given several, pyarrow decodes them
+            # together), a batch at a time
+            for group in (g for g in range(len(ends)) if ends[g] > first and ends[g] - sizes[g] < last):
+                seen = int(ends[group] - sizes[group])
+                for batch in source.iter_batches(batch_size=rows, row_groups=[group], columns=read):
+                    start, stop = max(first - seen, 0), min(last - seen, batch.num_rows)
+                    if start < stop:
+                        part = batch.slice(start, stop - start)
+                        yield seen + start, {name: _arrow_values(part.column(name)) for name in read}
+                    seen += batch.num_rows
 
-        return names, int(ends[-1]) if len(ends) else 0, fetch
-    import pyarrow as pa
-
+        return list(source.schema_arrow.names), int(ends[-1]) if len(ends) else 0, row_groups
     try:  # Feather v2 is Arrow IPC's file format: memory-mapped, a slice of it reads only its pages
         whole = ipc.open_file(pa.memory_map(str(path))).read_all()
     except Exception as err:  # noqa: BLE001 - whatever pyarrow says, the file is not one it can read
         raise ValueError(f"{path} is not an Arrow IPC (Feather) file ({type(err).__name__}).") from None
 
-    def fetch(name, first, last):
-        return _arrow_values(whole.column(name).slice(first, last - first))
+    def slices(read, first, last, rows):
+        for start in range(first, last, rows):
+            part = whole.slice(start, min(rows, last - start))
+            yield start, {name: _arrow_values(part.column(name)) for name in read}
 
-    return list(whole.column_names), whole.num_rows, fetch
+    return list(whole.column_names), whole.num_rows, slices
 
 
 def _arrow_values(column):

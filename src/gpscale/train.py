@@ -31,6 +31,7 @@ from .io import check_writable
 from .linalg import NotPSDError
 from .models.base import GPModel
 from .preemption import Stopped, StopRequest, deferred_stop
+from .sources import MappedRows
 
 __all__ = ["initialisation_rows", "fit", "adam", "FitResult", "TrainingError", "OPTIMIZERS"]
 
@@ -106,6 +107,7 @@ def fit(
     comm: Comm = LOCAL,
     convergence: Convergence = CONVERGENCE,
     checkpoint_settings: dict | None = None,
+    mapped: MappedRows | None = None,
 ) -> FitResult:
     """Train ``model`` on X [n, d], y [n] (tensors in the model's dtype and device), then fit its posterior.
 
@@ -169,6 +171,11 @@ def fit(
             model's key, the dtype, batch size, learning rate, seed, schedule and validation settings): the
             estimator's method options and scaling, names to strings. A checkpoint records both, and a resume with
             other values is refused.
+        mapped: the :class:`~gpscale.sources.MappedRows` whose memory-mapped tensors X and y are: a minibatch
+            step then reads its rows with ``mapped.take`` (copies, nothing mapped), and after each pass over the
+            rows (the checkpoint's fingerprint, the initialisation rows, a step of a batch gathered from every
+            process, the posterior) ``mapped.release`` gives the pages it mapped back to the file cache, so that
+            the memory a minibatch fit holds does not grow with the rows.
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -195,17 +202,21 @@ def fit(
         shaping = {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
                    "batch_size": settings.batch_size, "lr": settings.lr, "val_fraction": val_fraction, "seed": seed,
                    "schedule": schedule, "patience": patience, "val_every": val_every}
+        release = mapped.release if mapped is not None else (lambda: None)
         saver = None if checkpoint is None else _Checkpointer(
             checkpoint, data_fingerprint(X, y, comm),
             {**{name: repr(value) for name, value in shaping.items()}, **(checkpoint_settings or {})}, comm)
+        release()
         state = saver.read() if (resume and saver is not None and Path(checkpoint).exists()) else None
         if state is None:
-            X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm)
+            X_init, y_init = initialisation_rows(X_fit, y_fit, seed, comm, release)
             if comm.rank == 0:
                 model.initialise(X_init, y_init, seed=seed)
             broadcast_state(model, comm)
             # and rank 0's random state after it: a loss that draws (SoftKI's probes) then draws alike everywhere
             torch.set_rng_state(comm.broadcast(torch.get_rng_state(), src=0))
+            del X_init, y_init
+            release()
         else:
             saver.load_model(model, state)
         initial = snapshot(model.state_dict())
@@ -220,7 +231,7 @@ def fit(
                     else:
                         _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings,
                                   convergence, schedule=schedule, patience=patience, val_every=val_every,
-                                  progress=progress, saver=saver, stop=stop, comm=comm)
+                                  progress=progress, saver=saver, stop=stop, comm=comm, mapped=mapped)
                     break
                 except (NotPSDError, TrainingError) as err:
                     if attempt == max_restarts:
@@ -239,6 +250,7 @@ def fit(
         _check_improved(result)
         _check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
         model.fit_posterior(X, y, comm)
+        release()
         result.seconds = time.perf_counter() - start
         return result
 
@@ -326,7 +338,7 @@ class _Plateau:
 
 def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Training, convergence: Convergence, *,
               schedule, patience, val_every, progress, saver: _Checkpointer | None = None,
-              stop: StopRequest | None = None, comm=LOCAL) -> None:
+              stop: StopRequest | None = None, comm=LOCAL, mapped: MappedRows | None = None) -> None:
     """Adam, for a fixed number of epochs or (``settings.epochs`` None) to convergence by the plateau rule; with a
     ``saver``, the state saved after every epoch, and at the step boundary where ``stop`` asks to stop, before
     :class:`Stopped` is raised."""
@@ -335,7 +347,10 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
     shard = Shard.of(X.shape[0], comm)
     steps_per_epoch = 1 if model.full_batch else math.ceil(shard.n_global / settings.batch_size)
     converging = settings.epochs is None
-    if converging:  # windows of whole epochs; the cap in steps becomes a cap in epochs
+    sample = None  # rows an epoch draws: all, or (training to convergence on many rows) a round's sample
+    if converging and steps_per_epoch > convergence.minibatch_round:
+        steps_per_epoch, sample = convergence.minibatch_round, convergence.minibatch_round * settings.batch_size
+    if converging:  # windows of whole epochs (rounds); the cap in steps becomes a cap in epochs
         window = (convergence.full_batch_window if model.full_batch
                   else math.ceil(convergence.minibatch_window / steps_per_epoch))
         epochs = math.ceil(settings.max_steps / steps_per_epoch)
@@ -376,7 +391,7 @@ def _optimise(model, X, y, X_val, y_val, result, state, generator, settings: Tra
         step_state = {}
         epoch_start = generator.get_state()  # a stop mid-epoch resumes with this epoch's permutation
         run = _epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm, speculate,
-                     first_step=done_before.steps, stop=stop)
+                     first_step=done_before.steps, stop=stop, mapped=mapped, sample=sample)
         speculate = speculate and not run.redone  # a check that failed tends to fail again: check eagerly from now
         if run.steps < run.n_steps:  # asked to stop
             partial = _Partial(run.steps, done_before.total + run.total)
@@ -481,12 +496,14 @@ def _lbfgs_plateaued(marks: list[tuple[int, float]], loss: float, evaluations: i
     return bool(earlier) and earlier[-1] - loss < convergence.tol * max(1.0, abs(loss))
 
 
-def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str, enabled: bool) -> tqdm:
-    """A tqdm bar on stderr. In a terminal it redraws in place; written to a file (a long run's log) it writes one
-    plain line at most once a minute, so that the log shows how far the run has got."""
+def progress_bar(iterable=None, *, total: int | None = None, desc: str, unit: str, enabled: bool,
+                 delay: float = 0.0) -> tqdm:
+    """A tqdm bar on stderr, shown once ``delay`` seconds have passed. In a terminal it redraws in place; written to
+    a file (a long run's log) it writes one plain line at most once a minute, so that the log shows how far the run
+    has got."""
     if sys.stderr.isatty():
-        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled)
-    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled,
+        return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled, delay=delay)
+    return tqdm(iterable, total=total, desc=desc, unit=unit, leave=False, disable=not enabled, delay=delay,
                 file=_LinesPerMinute(), mininterval=60.0, ascii=True, ncols=100)
 
 
@@ -551,28 +568,37 @@ class _Batch(NamedTuple):
     gathered: bool = False
 
 
-def _epoch_batches(model, X: Tensor, generator, batch_size: int, shard: Shard, comm: Comm) -> list[_Batch]:
-    """The steps of one epoch. The permutation is drawn on the host by the training generator, whose state a
-    checkpoint keeps (so a resumed fit reshuffles as the uninterrupted one); the indices of this process's rows go to
-    X's device once for the epoch, asynchronously from pinned memory, not once per step."""
+def _epoch_batches(model, X: Tensor, generator, batch_size: int, shard: Shard, comm: Comm,
+                   sample: int | None = None) -> list[_Batch]:
+    """The steps of one epoch: batches of a permutation of the global rows, or of its first ``sample`` rows (a
+    round, :class:`~gpscale.defaults.Convergence`). The permutation is drawn on the host by the training generator,
+    whose state a checkpoint keeps (so a resumed fit reshuffles as the uninterrupted one); the indices of this
+    process's rows go to an accelerator holding X once for the epoch, asynchronously from pinned memory, not once per
+    step."""
     if model.full_batch:  # every rank holds its rows of one loss, whose statistics the model all-reduces
         return [_Batch(None, 1.0 / comm.world_size)]
-    batches = torch.randperm(shard.n_global, generator=generator).split(batch_size)
+    batches = torch.randperm(shard.n_global, generator=generator)[:sample].split(batch_size)
     if model.batch_coupled and comm.world_size > 1:  # the whole batch, in order, on every rank
         return [_Batch(rows, 1.0 / comm.world_size, gathered=True) for rows in batches]
     mine = batches if shard.n == shard.n_global else \
         [rows[(rows >= shard.offset) & (rows < shard.offset + shard.n)] - shard.offset for rows in batches]
-    on_device = to_device(pinned_for(X.device, torch.cat(mine)), X.device).split([len(m) for m in mine])
+    on_device = mine if X.device.type == "cpu" else \
+        to_device(pinned_for(X.device, torch.cat(mine)), X.device).split([len(m) for m in mine])
     return [_Batch(rows, len(m) / len(b)) for rows, m, b in zip(on_device, mine, batches)]
 
 
-def _step(model, objective, X, y, batch: _Batch, optimiser, shard: Shard, comm: Comm) -> Tensor:
+def _step(model, objective, X, y, batch: _Batch, optimiser, shard: Shard, comm: Comm,
+          mapped: MappedRows | None = None) -> Tensor:
     """One optimiser step (after the model's natural-gradient step) on ``batch``; returns the global batch's loss,
-    not read on the host."""
+    not read on the host. Rows of a ``mapped`` X are read with its ``take`` (or, gathered, given back after)."""
     if batch.rows is None:
         xb, yb = X, y
     elif batch.gathered:
         xb, yb = gather_rows(X, y, batch.rows, shard.offset, comm)
+        if mapped is not None:
+            mapped.release()
+    elif mapped is not None:
+        xb, yb = mapped.take(batch.rows)
     else:
         xb, yb = X[batch.rows], y[batch.rows]
     model.natural_gradient_step(xb, yb, shard.n_global, comm, batch.share)
@@ -605,9 +631,12 @@ class _EpochRun(NamedTuple):
 
 
 def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm,
-           speculate: bool = True, first_step: int = 0, stop: StopRequest | None = None) -> _EpochRun:
+           speculate: bool = True, first_step: int = 0, stop: StopRequest | None = None,
+           mapped: MappedRows | None = None, sample: int | None = None) -> _EpochRun:
     """One pass, from its step ``first_step`` (a resumed epoch), ending before any step when ``stop`` asks (a
-    collective under data parallelism: every process ends at the same step). The losses are the global batch's.
+    collective under data parallelism: every process ends at the same step), reading rows from ``mapped`` as
+    :func:`fit` says; over the first ``sample`` rows of its permutation only, where given (a round). The losses
+    are the global batch's.
 
     Speculating, the steps never wait for the device: every check inside them (that a Cholesky factorisation
     succeeded, that the loss is finite) is deferred (:func:`gpscale.device.deferred_checks`) and the losses are
@@ -615,14 +644,14 @@ def _epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shar
     undone (the model, the optimiser and the random state put back as they were at its start) and run again with
     every check read where it is made, which adds jitter, halves a natural-gradient step or raises at the step
     where it would have without speculation: the result is the same either way."""
-    batches = _epoch_batches(model, X, generator, batch_size, shard, comm)
+    batches = _epoch_batches(model, X, generator, batch_size, shard, comm, sample)
 
     def run() -> tuple[Tensor, int]:
         total = torch.zeros((), dtype=torch.float64, device=X.device)
         for step in range(first_step, len(batches)):
             if stop is not None and stop.pending(comm):
                 return total, step
-            total = total + _step(model, objective, X, y, batches[step], optimiser, shard, comm)
+            total = total + _step(model, objective, X, y, batches[step], optimiser, shard, comm, mapped)
         return total, len(batches)
 
     if speculate:
@@ -686,12 +715,15 @@ def snapshot(state):
 
 
 INIT_ROWS = 200_000  # the most rows a model's initialisation (k-means, PCA, a data box) sees
+GATHERED_ROWS = 16_384  # rows of the initialisation's sample gathered at a time
 
 
-def initialisation_rows(X: Tensor, y: Tensor, seed: int, comm: Comm = LOCAL) -> tuple[Tensor, Tensor]:
+def initialisation_rows(X: Tensor, y: Tensor, seed: int, comm: Comm = LOCAL,
+                        release: Callable[[], None] = lambda: None) -> tuple[Tensor, Tensor]:
     """The rows a model is initialised on, gathered from every process's shard (X [n_r, d], y [n_r]), the same
     for any number of processes, so that 1 and N processes start from the same model: every row, in global order,
-    up to :data:`INIT_ROWS`; beyond, a sample of that many drawn by global row index (seeded), in order."""
+    up to :data:`INIT_ROWS`; beyond, a sample of that many drawn by global row index (seeded), in order, gathered
+    :data:`GATHERED_ROWS` at a time with ``release`` (a mapped X's, see :func:`fit`) after each."""
     shard = Shard.of(X.shape[0], comm)
     if shard.n_global <= INIT_ROWS:
         if comm.world_size == 1:
@@ -700,7 +732,11 @@ def initialisation_rows(X: Tensor, y: Tensor, seed: int, comm: Comm = LOCAL) -> 
     else:
         draw = torch.randperm(shard.n_global, generator=torch.Generator().manual_seed(seed))
         rows = draw[:INIT_ROWS].sort().values
-    return gather_rows(X, y, rows, shard.offset, comm)
+    parts = []
+    for part in rows.split(GATHERED_ROWS):
+        parts.append(gather_rows(X, y, part, shard.offset, comm))
+        release()
+    return torch.cat([X for X, _ in parts]), torch.cat([y for _, y in parts])
 
 
 @torch.no_grad()

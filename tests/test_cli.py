@@ -1,4 +1,5 @@
 import csv
+import warnings
 
 import numpy as np
 import pytest
@@ -30,12 +31,16 @@ def test_fit_then_predict_writes_mean_and_std_matching_the_python_api(tmp_path, 
         w.writerow(["c", "a", "b"])
         w.writerows(X[:4][:, [2, 0, 1]].tolist())
     out = tmp_path / "out.csv"
-    assert main(["predict", str(model), str(new), "-o", str(out)]) == 0
+    with warnings.catch_warnings():  # the columns are matched by name: no warning of arrays without names
+        warnings.simplefilter("error")
+        assert main(["predict", str(model), str(new), "-o", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
     from gpscale import load
     reg = load(model)
-    assert reg.solver == "qr"
-    mean, std = reg.predict(X[:4], return_std=True)
+    assert reg.solver == "qr" and list(reg.feature_names_in_) == ["a", "b", "c"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scikit-learn's: arrays carry no feature names
+        mean, std = reg.predict(X[:4], return_std=True)
     np.testing.assert_allclose([float(r["mean"]) for r in rows], mean, rtol=1e-12)
     np.testing.assert_allclose([float(r["std"]) for r in rows], std, rtol=1e-12)
 

@@ -314,6 +314,40 @@ def _table_worker(rank, port, out, path):
     in_job(rank, port, out, work, through_environment=True)
 
 
+def _full_disk_worker(rank, port, out, path):
+    """Rank 1's temporary folder has no room for its staged rows."""
+    import errno
+
+    from gpscale import GPRegressor, Table
+
+    def work():
+        if rank == 1:
+            def full(fd, offset, length):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            os.posix_fallocate = full
+        try:
+            GPRegressor(method="svgp", epochs=1, progress=False, distributed=True).fit(Table(path, target="y"))
+        except (OSError, ValueError) as err:
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    in_job(rank, port, out, work, through_environment=True)
+
+
+def test_a_full_disk_on_one_process_while_staging_raises_on_every_process(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X, y, _ = data()
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"a": X[:, 0].numpy(), "b": X[:, 1].numpy(), "y": y.numpy()}), path)
+    spawn(_full_disk_worker, free_port(), str(tmp_path / "e"), str(path))
+    messages = [torch.load(f"{tmp_path}/e.{rank}", weights_only=False) for rank in range(WORLD)]
+    assert messages[1].startswith("OSError: ") and "could not set aside" in messages[1]
+    assert messages[0].startswith("ValueError: process 1: OSError: ") and "TMPDIR" in messages[0]
+
+
 def test_each_process_reads_only_its_row_groups_of_a_table_and_fits_the_one_process_model(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -237,3 +237,22 @@ def test_refit_posterior_asks_for_arrays(tmp_path):
     est = GPRegressor(method="softki", **FAST).fit(Table(path, target="y"))
     with pytest.raises(ValueError, match="refit_posterior takes the training rows as arrays"):
         est.refit_posterior(Table(path, target="y"), None, calibrate_noise="variance")
+
+
+def test_a_validation_split_of_a_table_trains_on_the_rows_the_arrays_do(tmp_path):
+    X, y = data(300)
+    path = parquet(tmp_path / "t.parquet", X, y, row_group_size=None)
+    options = dict(method="svgp", val_fraction=0.3, epochs=2, batch_size=50, n_inducing=8, progress=False)
+    expected = GPRegressor(**options).fit(X, y).predict(X[:40])
+    np.testing.assert_allclose(GPRegressor(**options).fit(Table(path, target="y")).predict(X[:40]), expected,
+                               rtol=0, atol=1e-12)
+
+
+def test_predicting_at_a_table_reads_no_target_and_warns_of_no_names(tmp_path):
+    X, y = data(100)
+    est = GPRegressor(method="svgp", **FAST).fit(Table(parquet(tmp_path / "t.parquet", X, y), target="y"))
+    labelled = tmp_path / "labelled.parquet"
+    pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1], "y": ["?"] * len(X)}), labelled)  # a target not numbers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(est.predict(Table(labelled, target="y")), est.predict(Table(labelled)))

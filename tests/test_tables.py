@@ -165,3 +165,18 @@ def test_a_bad_cell_in_another_processs_rows_is_named_alike_on_every_process(tmp
     for rank in range(2):
         with pytest.raises(ValueError, match="line 22, column 'a': 'x' is not a number"):
             read_table(path, shard=(rank, 2))
+
+
+@pytest.mark.parametrize("compression", ["lz4", "uncompressed"])
+def test_a_feather_file_is_read_a_record_batch_at_a_time(tmp_path, table, compression):
+    from gpscale.tables import read_blocks
+
+    path = tmp_path / "t.feather"
+    feather.write_feather(pa.table({n: table[:, j] for j, n in enumerate(NAMES)}), path, compression=compression,
+                          chunksize=13)
+    blocks = list(read_blocks(path, rows=5))
+    assert max(map(len, blocks)) == 5
+    np.testing.assert_array_equal(np.concatenate(blocks), table)
+    for world in (2, 3):
+        np.testing.assert_array_equal(np.concatenate([read_table(path, shard=(r, world))[1] for r in range(world)]),
+                                      table)

@@ -204,7 +204,7 @@ def _fit(args) -> None:
 
 
 def _predict(args) -> None:
-    from .estimator import GPClassifier, load
+    from .estimator import GPClassifier, load, named_blocks
     from .io import check_writable
     from .sources import Table
     from .tables import check_output_format, write_table
@@ -229,8 +229,9 @@ def _predict(args) -> None:
     bar = progress_bar(desc="predict", unit="row", enabled=not args.quiet, delay=2.0)
 
     def chunks():
-        for X, _ in table.blocks(features=names, rows=PREDICT_CHUNK_ROWS):
-            yield predictions(X)
+        for X, _ in table.blocks(features=names, rows=PREDICT_CHUNK_ROWS, target=False):
+            with named_blocks():
+                yield predictions(X)
             bar.update(len(X))
 
     with bar:
@@ -244,6 +245,7 @@ PREDICT_CHUNK_ROWS = 65_536
 
 
 def _bench(args) -> None:
+    import inspect
     import time
 
     from .distributed import LOCAL, TorchComm, process_device
@@ -261,7 +263,12 @@ def _bench(args) -> None:
         print(f"{FILES_PROTOCOL:<16}     {FILES_DESCRIPTION}")
         return
     if args.protocol == FILES_PROTOCOL:
-        page = run_files(args.out or Path("results") / FILES_PROTOCOL, **_parse_options(args.data_option, typed=True))
+        options = _parse_options(args.data_option, typed=True)
+        known = set(inspect.signature(run_files).parameters) - {"out"}
+        if set(options) - known:
+            raise ValueError(f"The files protocol takes --data-option {', '.join(sorted(known))}; got "
+                             f"{', '.join(sorted(set(options) - known))}.")
+        page = run_files(args.out or Path("results") / FILES_PROTOCOL, **options)
         print(page.read_text())
         print(f"report: {page}")
         return

@@ -1,6 +1,7 @@
 """GPRegressor and GPClassifier: the gpscale methods behind the scikit-learn estimator contract."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -32,7 +33,8 @@ from .scaling import SCALINGS, fit_scaling, robust_centre_and_spread, warn_outly
 from .sources import ArrayRows, StagedRows, Table, TableScan
 from .train import TrainingError, fit
 
-__all__ = ["GPRegressor", "GPClassifier", "load", "resolve_dtype", "check_device", "boolean_options"]
+__all__ = ["GPRegressor", "GPClassifier", "load", "named_blocks", "resolve_dtype", "check_device",
+           "boolean_options"]
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # float64 n* x n* matrices return_cov and sample_y hold in host memory: the covariance and sample_y's Cholesky factor
@@ -162,7 +164,7 @@ class _GPEstimator(BaseEstimator):
             model.start_lengthscale_at_median()  # see gpscale.defaults: ln 2 leaves L-BFGS without a gradient
         tic = time.perf_counter()
         max_steps = self.max_steps if self.max_steps is not None else choice.max_steps
-        X, y, mapped = data.tensors(x_scale, dtype, device)
+        X, y, mapped = agree(comm, lambda: data.tensors(x_scale, dtype, device))  # a full disk on one process
         try:
             result = fit(model, X, y, epochs=self.epochs, max_steps=max_steps,
                          batch_size=self.batch_size, lr=self.lr, val_fraction=self.val_fraction,
@@ -337,9 +339,8 @@ class _GPEstimator(BaseEstimator):
         check_is_fitted(self, "model_")
         names = getattr(self, "feature_names_in_", None)
         parts = []
-        with warnings.catch_warnings():  # the names were matched here: the blocks are arrays
-            warnings.filterwarnings("ignore", message="X does not have valid feature names")
-            for X, _ in table.blocks(features=None if names is None else names.tolist()):
+        with named_blocks():
+            for X, _ in table.blocks(features=None if names is None else names.tolist(), target=False):
                 parts.append(predict(X))
         if isinstance(parts[0], tuple):
             return tuple(np.concatenate(column) for column in zip(*parts))
@@ -770,6 +771,15 @@ class GPClassifier(ClassifierMixin, _GPEstimator):
 
     def _restore_header(self, header: dict) -> None:
         self.classes_ = np.asarray(header["classes"])
+
+
+@contextlib.contextmanager
+def named_blocks():
+    """Where the rows given to ``predict`` are blocks of a table's columns matched to the fitted features by name
+    (arrays, which scikit-learn would warn carry no names)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="X does not have valid feature names")
+        yield
 
 
 def load(path: str | os.PathLike, device: str | None = None) -> GPRegressor | GPClassifier:

@@ -36,9 +36,9 @@ SCALINGS = ("standard", "minmax", "center", "none")
 # robust standard deviations from the median: a Student-t(3) draw lies this far once in 7e8 draws, while one such
 # value among n targets inflates their standard deviation about 1000 / sqrt(n) times
 OUTLIER_THRESHOLD = 1000.0
-_MAD_TO_SD = 1.4826
+_MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
 # rows taken at a time into the statistics (a float64 block of 16 features: 8 MB)
-BLOCK_ROWS = 65_536  # the median absolute deviation of a normal sample times this is its standard deviation
+BLOCK_ROWS = 65_536
 
 
 class OutlierWarning(UserWarning):

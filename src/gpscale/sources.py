@@ -11,7 +11,8 @@ A fit from a :class:`Table` reads the file twice, a block at a time, and never h
    error that names the folder, not a crash), memory-mapped as the tensors X [n, d] and y [n] that training indexes.
 
 A minibatch step reads its rows from that file by row (:meth:`MappedRows.take`), copies of 1,024 rows, so the
-process maps none of the file's pages, and its memory does not grow with n. Passes over the rows read them through
+process maps none of the file's pages, and its memory does not grow with n but for the epoch's permutation of the
+row indices (8 bytes a row). (A ``$TMPDIR`` on a tmpfs keeps the staged file in memory: point it at a disk.) Passes over the rows read them through
 the mapping: the initialisation's sample gives its pages back after each chunk, and a method whose training or
 posterior passes over every row (sgpr, the exact GP, DBK) maps at most the file while it passes, its pages given
 back after (:meth:`MappedRows.release`; they stay in the operating system's file cache). The file is removed when the fit ends, however it ends (the operating system
@@ -74,17 +75,20 @@ class Table:
         return f"Table({str(self.path)!r}, target={self.target!r})"
 
     def blocks(self, shard: tuple[int, int] = (0, 1), labels: bool = False, rows: int = BLOCK_ROWS,
-               features: list[str] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        """Consecutive blocks (X [b, d] float64, y [b] or None without a target) of the file's rows, or of process
+               features: list[str] | None = None,
+               target: bool = True) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Consecutive blocks (X [b, d] float64, y [b] or None) of the file's rows, or of process
         ``shard = (rank, world_size)``'s block of them (:func:`gpscale.tables.read_blocks`), with its checks.
         ``labels``: the target as class labels, the text of its cells. ``features``: these columns instead of
-        the table's own (the names a model was fitted on)."""
+        the table's own (the names a model was fitted on). ``target=False``: the features only, the target column
+        not read (y None), as for a table without one."""
         features = self.features if features is None else list(features)
-        columns = features + ([self.target] if self.target is not None else [])
-        text = self.target if labels else None
+        with_target = target and self.target is not None
+        columns = features + ([self.target] if with_target else [])
+        text = self.target if labels and with_target else None
         for block in read_blocks(self.path, columns, text_column=text, shard=shard, rows=rows):
             X = block[:, :len(features)].astype(np.float64, copy=False)
-            yield X, (block[:, -1] if self.target is not None else None)
+            yield X, (block[:, -1] if with_target else None)
 
 
 class TableScan:

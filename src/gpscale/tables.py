@@ -7,9 +7,9 @@ an object table). Every cell of the data path is parsed by those libraries, neve
 they refuse, or whose cells they read as missing or non-finite (an empty cell, ``nan``, ``inf``), is read again cell
 by cell to name the first bad cell's line and column; only a bad file pays for that.
 
-``.npy``: a 2-D array, its columns named ``0``, ``1``, ... (``--target 10``). ``.npz``: each 2-D array ``A`` gives
-columns ``A0``, ``A1``, ... and each 1-D array a column of its own name, in the file's order (the data folder's
-``X``, ``y`` give ``X0``, ..., ``y``).
+``.npy``: a 2-D array, its columns named ``0``, ``1``, ... (``--target 10``), memory-mapped. ``.npz``: each 2-D array
+``A`` gives columns ``A0``, ``A1``, ... and each 1-D array a column of its own name, in the file's order (the data
+folder's ``X``, ``y`` give ``X0``, ..., ``y``); an ``.npz`` is read whole, unlike the other formats.
 """
 from __future__ import annotations
 
@@ -54,6 +54,14 @@ def table_columns(path: Path) -> list[str]:
         with open(path, newline="", encoding="utf-8-sig") as f:
             header = next(csv.reader(f, delimiter=_DELIMITERS[kind]), None)
         return [n.strip() for n in header or ()]
+    if kind == "arrow":  # the schema alone
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+
+        try:
+            return list(ipc.open_file(pa.memory_map(str(path))).schema.names)
+        except Exception as err:  # noqa: BLE001 - whatever pyarrow says, the file is not one it can read
+            raise ValueError(f"{path} is not an Arrow IPC (Feather) file ({type(err).__name__}).") from None
     return _columnar_source(path, kind)[0]
 
 
@@ -290,17 +298,22 @@ def _columnar_source(path: Path, kind: str):
                     seen += batch.num_rows
 
         return list(source.schema_arrow.names), int(ends[-1]) if len(ends) else 0, row_groups
-    try:  # Feather v2 is Arrow IPC's file format: memory-mapped, a slice of it reads only its pages
-        whole = ipc.open_file(pa.memory_map(str(path))).read_all()
+    try:  # Feather v2 is Arrow IPC's file format: memory-mapped, a record batch at a time (decompressed if it is)
+        reader = ipc.open_file(pa.memory_map(str(path)))
     except Exception as err:  # noqa: BLE001 - whatever pyarrow says, the file is not one it can read
         raise ValueError(f"{path} is not an Arrow IPC (Feather) file ({type(err).__name__}).") from None
+    sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+    ends = np.cumsum(sizes, dtype=int)
 
-    def slices(read, first, last, rows):
-        for start in range(first, last, rows):
-            part = whole.slice(start, min(rows, last - start))
-            yield start, {name: _arrow_values(part.column(name)) for name in read}
+    def batches(read, first, last, rows):
+        for i in (i for i in range(len(ends)) if ends[i] > first and ends[i] - sizes[i] < last):
+            begin = int(ends[i] - sizes[i])
+            batch = reader.get_batch(i)
+            for start in range(max(first, begin), min(last, int(ends[i])), rows):
+                part = batch.slice(start - begin, min(rows, last - start, int(ends[i]) - start))
+                yield start, {name: _arrow_values(part.column(name)) for name in read}
 
-    return list(whole.column_names), whole.num_rows, slices
+    return list(reader.schema.names), int(ends[-1]) if len(ends) else 0, batches
 
 
 def _arrow_values(column):

@@ -175,7 +175,8 @@ def fit(
             step then reads its rows with ``mapped.take`` (copies, nothing mapped), and after each pass over the
             rows (the checkpoint's fingerprint, the initialisation rows, a step of a batch gathered from every
             process, the posterior) ``mapped.release`` gives the pages it mapped back to the file cache, so that
-            the memory a minibatch fit holds does not grow with the rows.
+            the memory a minibatch fit holds does not grow with the rows (but for the epoch's permutation of the
+            row indices; with ``val_fraction``, the training split is a copy in memory).
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
@@ -201,7 +202,7 @@ def fit(
             check_writable(checkpoint)  # before the first epoch, not after it
         shaping = {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
                    "batch_size": settings.batch_size, "lr": settings.lr, "val_fraction": val_fraction, "seed": seed,
-                   "schedule": schedule, "patience": patience, "val_every": val_every}
+                   "schedule": schedule, "patience": patience, "val_every": val_every, "convergence": convergence}
         release = mapped.release if mapped is not None else (lambda: None)
         saver = None if checkpoint is None else _Checkpointer(
             checkpoint, data_fingerprint(X, y, comm),
@@ -229,9 +230,11 @@ def fit(
                         _optimise_lbfgs(model, X_fit, y_fit, result, settings, convergence, progress=progress,
                                         comm=comm)
                     else:
+                        # a validation split holds its training rows in memory, which steps index directly
                         _optimise(model, X_fit, y_fit, X_val, y_val, result, state, generator, settings,
                                   convergence, schedule=schedule, patience=patience, val_every=val_every,
-                                  progress=progress, saver=saver, stop=stop, comm=comm, mapped=mapped)
+                                  progress=progress, saver=saver, stop=stop, comm=comm,
+                                  mapped=mapped if X_fit is X else None)
                     break
                 except (NotPSDError, TrainingError) as err:
                     if attempt == max_restarts:

@@ -21,3 +21,10 @@ def test_the_files_protocol_fits_and_predicts_from_a_file_and_records_what_it_me
 def test_the_protocol_is_listed(capsys):
     assert main(["bench", "--list"]) == 0
     assert "files" in capsys.readouterr().out
+
+
+def test_a_wrong_option_or_format_is_named(tmp_path, capsys):
+    assert main(["bench", "--protocol", "files", "--out", str(tmp_path), "--data-option", "rowz=10"]) == 2
+    assert "takes --data-option formats, keep, rows, seed, test_rows; got rowz" in capsys.readouterr().err
+    assert main(["bench", "--protocol", "files", "--out", str(tmp_path), "--data-option", "formats=feather"]) == 2
+    assert "writes parquet and csv, not feather" in capsys.readouterr().err

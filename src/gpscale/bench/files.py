@@ -38,25 +38,37 @@ FILES_DESCRIPTION = ("Friedman #1 (10 inputs, noise sd 1) as float32 Parquet and
                      "coverage (--data-option rows=N test_rows=M)")
 NOISE_STD = 1.0
 WRITE_BLOCK = 1 << 20  # rows generated and written at a time
+FORMATS = ("parquet", "csv")
 
 
 def run_files(out: str | Path, rows: int = 100_000, test_rows: int = 10_000, formats: str = "parquet,csv",
               keep: bool = False, seed: int = 0) -> Path:
-    """Run the protocol (module docstring); returns the path of its report (``files.md``, beside ``files.json``)."""
+    """Run the protocol (module docstring); returns the path of its report (``files.md``, beside ``files.json``).
+    The generated tables are removed at the end, however it ends, unless ``keep``."""
+    kinds = formats.split(",")
+    unknown = sorted(set(kinds) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"formats={formats!r}: the files protocol writes {' and '.join(FORMATS)}, not "
+                         f"{', '.join(unknown)}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     names = [f"x{j}" for j in range(10)]
     test = out / "test.parquet"
-    _write(test, names, test_rows, seed + 1, "parquet")
+    written = [test]
     records = []
-    for kind in formats.split(","):
-        train = out / f"train.{kind}"
-        _write(train, names, rows, seed, kind)
-        records.append(_run_one(train, test, out, rows))
+    try:
+        _write(test, names, test_rows, seed + 1, "parquet")
+        for kind in kinds:
+            train = out / f"train.{kind}"
+            written.append(train)
+            _write(train, names, rows, seed, kind)
+            records.append(_run_one(train, test, out, rows))
+            if not keep:
+                train.unlink()
+    finally:
         if not keep:
-            train.unlink()
-    if not keep:
-        test.unlink()
+            for path in written + [out / "model.gps", out / "predictions.parquet"]:
+                path.unlink(missing_ok=True)
     (out / "files.json").write_text(json.dumps(records, indent=2))
     page = out / "files.md"
     report = _report(records, rows, test_rows)

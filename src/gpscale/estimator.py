@@ -406,11 +406,11 @@ class _GPEstimator(BaseEstimator):
             if device is not None:
                 params["device"] = device
             est = cls(**params)
-            method = header.get("method", est.method)  # files from before method="auto" name it in params
+            method = header["method"]
             model_cls = get_model_class(method)
             model = model_cls(header["n_features_in"], **_unjsonable(header["model_options"]))
             # cast before loading: load_state_dict copies into the parameters' current dtype
-            dtype = resolve_dtype(header.get("dtype", est.dtype))  # the fitted dtype (what "auto" resolved to)
+            dtype = resolve_dtype(header["dtype"])  # the fitted dtype (what "auto" resolved to)
             model.to(dtype=dtype, device=torch.device(est.device))
             model.load_state_dict(tensors["model"])
             device = est.device_ = torch.device(est.device)  # a list: per-device factors (HVGP's placed blocks)
@@ -419,14 +419,11 @@ class _GPEstimator(BaseEstimator):
                            for k, v in model.cache.items()}
             est.model_ = model.eval()
             est.method_ = method
-            est.method_reason_ = header.get("method_reason", "named by the caller")
-            est.training_ = header.get("training", {"trainable": model.trainable, "optimizer": "adam",
-                                                    "epochs": params.get("epochs"), "max_steps": None,
-                                                    "steps": None, "converged": None, "final_objective": math.nan,
-                                                    "seconds": math.nan})
+            est.method_reason_ = header["method_reason"]
+            est.training_ = header["training"]
             est.model_options_ = _unjsonable(header["model_options"])
             est.n_features_in_ = header["n_features_in"]
-            if header.get("feature_names"):
+            if header["feature_names"]:
                 est.feature_names_in_ = np.asarray(header["feature_names"], dtype=object)
             est.x_mean_, est.x_std_ = tensors["x_mean"].numpy(), tensors["x_std"].numpy()
             est._restore_header(header)

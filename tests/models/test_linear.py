@@ -254,20 +254,18 @@ def test_the_collapsed_bound_is_titsias_and_predicts_as_sgpr(data, solver):
     torch.testing.assert_close(model.predict_cov(Xs)[1], cov, rtol=1e-7, atol=1e-10)
 
 
-def test_a_state_dict_of_the_earlier_layout_loads():
-    """SGPR's inducing points were the top-level parameter Z, and its kernel was saved once."""
+def test_a_state_dict_holding_a_shared_kernel_under_one_name_loads():
+    """SGPR's kernel is also its inducing features' kernel: saved under one of its names, it fills in the others."""
     X, y = toy_regression(n=30, d=2)
     model = sgpr(X, X[::3])
     model.fit_posterior(X, y)
-    state = model.state_dict()
-    earlier = {("Z" if key == "features.Z" else key): value for key, value in state.items()
-               if not key.startswith("features.kernel.")}
+    state = {key: value for key, value in model.state_dict().items() if not key.startswith("features.kernel.")}
     fresh = SGPR(2, n_inducing=10).double()
-    fresh.load_state_dict(earlier)
+    fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.features.Z, model.features.Z)
     torch.testing.assert_close(fresh.predict(X[:4])[1], model.predict(X[:4])[1])
     with pytest.raises(RuntimeError, match="Missing key"):
-        SGPR(2, n_inducing=10).double().load_state_dict({k: v for k, v in earlier.items() if k != "Z"})
+        SGPR(2, n_inducing=10).double().load_state_dict({k: v for k, v in state.items() if k != "features.Z"})
 
 
 def test_set_noise_sets_sigma2_and_holds_it_above_the_floor():

@@ -210,23 +210,6 @@ def test_the_estimator_trains_saves_and_loads_an_unwhitened_svgp(data, tmp_path)
         np.testing.assert_array_equal(ours, saved)
 
 
-def test_a_decoupled_model_file_of_the_earlier_layout_loads(data):
-    X, y = data
-    model = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()
-    model.init(X, y)
-    model.fit_posterior(X, y)
-    state = model.state_dict()
-    cache = state["_extra_state"]
-    # the earlier layout: the factors named after beta
-    state["_extra_state"] = {"L_bb": cache["Lu"], "L_S": cache["q_sqrt"], "w": cache["w"], "a": cache["a"],
-                             "gamma": cache["gamma"]}
-    fresh = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()
-    fresh.load_state_dict(state)
-    Xs = torch.rand(5, 2, dtype=F64)
-    for ours, reference in zip(fresh.predict(Xs), model.predict(Xs)):
-        torch.testing.assert_close(ours, reference, rtol=0, atol=0)
-
-
 def test_the_decoupled_posterior_keeps_the_mean_basis_it_was_fitted_with(data):
     X, y = data
     model = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()

@@ -128,7 +128,6 @@ class GPModel(nn.Module):
     """
 
     key: str = ""
-    renamed_state: dict[str, str] = {}  # state-dict keys of earlier versions -> today's, for model files
     likelihoods: tuple[str, ...] = ("gaussian",)  # the observation models the method supports
     full_batch: bool = False
     batch_coupled: bool = False
@@ -380,13 +379,9 @@ class GPModel(nn.Module):
         return self.likelihood.noise_floor + 1e-8, max(10.0 * mean_square, 1e-6)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """As ``torch.nn.Module.load_state_dict``, for the state of this or an earlier version: keys in
-        ``renamed_state`` take their new names, and a submodule this model holds under several names (a kernel that
-        its inducing features hold too) is filled in under the names an earlier version did not save."""
+        """As ``torch.nn.Module.load_state_dict``; a submodule this model holds under several names (a kernel that
+        its inducing features hold too) is filled in under every name from the one saved."""
         state = dict(state_dict)
-        for old, new in self.renamed_state.items():
-            if old in state and new not in state:
-                state[new] = state.pop(old)
         aliases: dict[int, list[str]] = {}
         for name, value in self.state_dict(keep_vars=True).items():
             aliases.setdefault(id(value), []).append(name)

@@ -228,8 +228,7 @@ class DeepBasisModel(GPModel):
         data a stationary GP falls back to its prior, but nothing ties phi(x) there to anything: the mean
         phi(x)^T alpha can be far off while its variance stays small. Uncorrected exact DBK on protein predicted 33
         (targets in [-2.4, 1.6]) at one of 3 test rows at most 1% of the range outside the box (docs/dbk.md)."""
-        if "x_lower" in self.cache:  # model files written before the box was recorded have none
-            warn_outside_box(X, self.cache["x_lower"], self.cache["x_upper"])
+        warn_outside_box(X, self.cache["x_lower"], self.cache["x_upper"])
 
     def predictive_extra(self, Phi: Tensor) -> Tensor:
         """c(x*) [c] for test rows Phi [c, r] (float64) against the training k_max; zero without the correction."""

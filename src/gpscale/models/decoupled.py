@@ -22,9 +22,6 @@ from .inducing import kmeans_centers
 
 __all__ = ["OrthogonallyDecoupledGP"]
 
-# Model files written before the two SVGP classes became one engine name the posterior cache's factors after beta.
-_EARLIER_CACHE = {"L_bb": "Lu", "L_S": "q_sqrt"}
-
 
 class OrthogonallyDecoupledGP(VariationalGP):
     """The variational engine's unwhitened q with the decoupled mean basis gamma (see the module docstring).
@@ -90,7 +87,4 @@ class OrthogonallyDecoupledGP(VariationalGP):
         a, c = weights.a, weights.c
         orthogonal = a @ self.mean_basis_sums(a)[1] - c @ Kuu.solve(c.unsqueeze(-1)).squeeze(-1)
         return 0.5 * orthogonal.clamp_min(0.0)
-
-    def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        super().set_extra_state({_EARLIER_CACHE.get(name, name): value for name, value in state.items()})
 

@@ -31,9 +31,6 @@ class SGPR(CollapsedGP):
         **kwargs: the kernel, likelihood and chunking options of :class:`~gpscale.models.base.GPModel`.
     """
 
-    # model files written before the inducing points moved into their own module
-    renamed_state = {"Z": "features.Z"}
-
     def __init__(self, n_features: int, n_inducing: int = 512, learn_inducing: bool = True,
                  jitter: float = 1e-6, *, solver: str = "auto", **kwargs):
         super().__init__(n_features, **kwargs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..device import chunks_on
 from ..distributed import LOCAL, Comm
@@ -74,7 +74,6 @@ class SVDBK(DeepBasisModel, VariationalGP):
         super().__init__(n_features, natural_gradients=natural_gradients, jitter=jitter, **kwargs)
         self.features = BasisWeights(self.n_basis)
         self.init_variational(self.n_basis)
-        self.register_load_state_dict_pre_hook(_q_sqrt_of_earlier_versions)
 
     def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         super().init(X, y, seed)
@@ -208,17 +207,3 @@ class SVDBK(DeepBasisModel, VariationalGP):
         Phi = self.kernel.basis(X).to(CORE)
         factors = super().predictive_factors(Phi)
         return PredictiveFactors(factors.mean, None, factors.spread, self.predictive_extra(Phi))
-
-    def set_extra_state(self, state: dict[str, Tensor]) -> None:
-        # model files from before SVDBK ran on the variational engine cached no factor of Kuu = I
-        if "q_mu" in state and "Lu" not in state:
-            state = {**state, "Lu": torch.eye(self.n_basis, dtype=CORE, device=state["q_mu"].device)}
-        super().set_extra_state(state)
-
-
-def _q_sqrt_of_earlier_versions(module: nn.Module, state: dict, prefix: str, *args) -> None:
-    """Model files of earlier versions kept S as a strict lower triangle and a softplus-transformed diagonal
-    (``q_sqrt_tril``, ``q_sqrt_diag``); today's keeps S itself (``q_sqrt_raw``, its lower triangle used)."""
-    tril, diag = state.pop(prefix + "q_sqrt_tril", None), state.pop(prefix + "q_sqrt_diag", None)
-    if tril is not None and diag is not None and prefix + "q_sqrt_raw" not in state:
-        state[prefix + "q_sqrt_raw"] = torch.tril(tril, -1) + torch.diag(nn.functional.softplus(diag))

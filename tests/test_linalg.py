@@ -3,7 +3,7 @@ import torch
 
 from gpscale import linalg
 from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_inverse, gram,
-                            inverse_cholesky, lower_inverse, lower_transpose_product, qr_lstsq, qr_r, solve_lower,
+                            inverse_cholesky, lower_inverse, lower_transpose_product, qr_r, solve_lower,
                             squared_norms, transposed_times, tril_matmul, tril_outer, weighted_sum, whiten)
 
 
@@ -97,22 +97,6 @@ def test_streaming_qr_equals_one_shot_qr():
 def test_streaming_qr_with_chunks_smaller_than_width():
     A = torch.randn(50, 8, dtype=torch.float64)
     torch.testing.assert_close(StreamingQR.of_chunks(A.split(3)), qr_r(A), rtol=1e-10, atol=1e-10)
-
-
-def test_qr_lstsq_matches_normal_equations_on_well_conditioned_problem():
-    A = torch.randn(200, 5, dtype=torch.float64)
-    b = torch.randn(200, 1, dtype=torch.float64)
-    x = qr_lstsq(A, b)
-    torch.testing.assert_close(x, torch.linalg.solve(A.T @ A, A.T @ b))
-
-
-def test_qr_lstsq_is_accurate_where_normal_equations_fail():
-    # columns nearly collinear: cond(A) ~ 1e7, cond(A^T A) ~ 1e14
-    t = torch.linspace(0, 1, 100, dtype=torch.float64)
-    A = torch.stack([torch.ones_like(t), t, t + 1e-7 * torch.sin(40 * t)], dim=1)
-    x_true = torch.tensor([[1.0], [2.0], [3.0]], dtype=torch.float64)
-    x = qr_lstsq(A, A @ x_true)
-    assert torch.allclose(x, x_true, rtol=1e-5)
 
 
 def test_gaussian_log_likelihood_value_and_closed_form_gradient():

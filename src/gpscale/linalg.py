@@ -2,8 +2,8 @@
 
 Every Cholesky in gpscale goes through :func:`cholesky`: it adds escalating jitter, warns when it had to, and
 raises :class:`NotPSDError` with a remedy instead of returning NaN; a caller that handles failures itself takes
-:func:`cholesky_ex`, the factorisation both use. Least squares goes through QR
-(:func:`qr_lstsq`), and tall matrices that arrive in row chunks are factored by :class:`StreamingQR` (TSQR),
+:func:`cholesky_ex`, the factorisation both use. Least squares goes through QR: tall matrices that arrive in
+row chunks are factored by :class:`StreamingQR` (TSQR),
 which gives the same R as one QR of the stacked rows while holding only one chunk in memory. Iterative solves
 go through :func:`conjugate_gradients`.
 """
@@ -46,7 +46,6 @@ __all__ = [
     "transposed_times",
     "gram",
     "qr_r",
-    "qr_lstsq",
     "StreamingQR",
     "conjugate_gradients",
 ]
@@ -533,15 +532,6 @@ def qr_r(A: Tensor) -> Tensor:
     R = torch.linalg.qr(A, mode="reduced" if A.requires_grad else "r").R
     signs = torch.where(R.diagonal() < 0, -1.0, 1.0).to(R.dtype)
     return signs.unsqueeze(-1) * R
-
-
-def qr_lstsq(A: Tensor, b: Tensor) -> Tensor:
-    """Least-squares solution of ``min ||A x - b||`` for ``A`` [n, k] of full column rank, by QR.
-
-    QR works on A itself, never on the normal matrix A^T A, whose condition number is the square of A's.
-    """
-    Q, R = torch.linalg.qr(A, mode="reduced")
-    return solve_upper(R, Q.transpose(-2, -1) @ b)
 
 
 class StreamingQR:

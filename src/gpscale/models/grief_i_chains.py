@@ -12,7 +12,7 @@ import numpy as np
 from ..mcmc import TUNE_MODES, MCMCResult, effective_sample_size, kept_iterations, split_rhat
 
 if TYPE_CHECKING:
-    from .grief_i import GRIEFI
+    from .base import GPModel
 
 __all__ = ["ConvergenceWarning", "SOLVERS", "summarise", "warn_if_unconverged", "check_mcmc_options"]
 
@@ -55,7 +55,7 @@ def _finite_or_nan(reduce, values: np.ndarray) -> float:
     return float(reduce(kept)) if kept.size else math.nan
 
 
-def warn_if_unconverged(summary: dict[str, float], model: GRIEFI) -> None:
+def warn_if_unconverged(summary: dict[str, float], model: GPModel) -> None:
     """One :class:`ConvergenceWarning` listing what is wrong with the chains and what to change."""
     problems = []
     if summary["acceptance_rate_min"] < MIN_ACCEPTANCE:
@@ -78,7 +78,9 @@ def warn_if_unconverged(summary: dict[str, float], model: GRIEFI) -> None:
                       stacklevel=4)  # past fit_posterior's no_grad wrapper, to its caller
 
 
-def check_mcmc_options(model: GRIEFI) -> None:
+def check_mcmc_options(model: GPModel) -> None:
+    """Refuse a GP-GRIEF-I model's (:class:`~gpscale.models.grief_i.GRIEFI`) solver or MCMC settings that no
+    chain can run with, naming the option and its least value."""
     if model.solver not in SOLVERS:
         raise ValueError(f"Expected solver to be one of {SOLVERS}. Got {model.solver!r}.")
     for name, minimum in (("n_iterations", 2), ("burn_in", 0), ("thin", 1), ("n_chains", 1)):

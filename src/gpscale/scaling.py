@@ -27,7 +27,7 @@ import torch
 from ._stack import user_stacklevel
 from .distributed import LOCAL, Comm, row_offset
 
-__all__ = ["OUTLIER_THRESHOLD", "SCALINGS", "ColumnMoments", "OutlierWarning", "Scaling", "fit_scaling",
+__all__ = ["OUTLIER_THRESHOLD", "SCALINGS", "ColumnMoments", "OutlierWarning", "Scaling", "fit_scaling", "outlying",
            "robust_centre_and_spread", "warn_outliers",
            "warn_outlying_targets"]
 
@@ -148,7 +148,7 @@ def warn_outlying_targets(y, comm: Comm = LOCAL) -> None:
     (:func:`gpscale.distributed.row_offset`)."""
     y = np.asarray(y, dtype=np.float64)
     offset = row_offset(len(y), comm)  # on every process: a collective
-    rows = np.flatnonzero(robust_z_scores(y) > OUTLIER_THRESHOLD)
+    rows = outlying(y, *robust_centre_and_spread(y))
     warn_outliers(rows.size, [(offset + i, y[i]) for i in rows[:5]])
 
 
@@ -176,9 +176,9 @@ def robust_centre_and_spread(y: np.ndarray) -> tuple[float, float]:
     return centre, float(_MAD_TO_SD * np.median(spread)) if spread.size else 0.0
 
 
-def robust_z_scores(y: np.ndarray) -> np.ndarray:
-    """|y - median(y)| [n] in robust standard deviations (:func:`robust_centre_and_spread`); all zeros when every
-    target is the median."""
-    centre, spread = robust_centre_and_spread(y)
-    deviation = np.abs(y - centre)
-    return deviation / spread if spread > 0 else np.zeros_like(deviation)
+def outlying(y: np.ndarray, centre: float, spread: float) -> np.ndarray:
+    """The positions of the targets y [n] further than :data:`OUTLIER_THRESHOLD` robust standard deviations
+    (``spread``) from ``centre``; none when ``spread`` is 0 (every target is the median)."""
+    if spread == 0:
+        return np.empty(0, dtype=int)
+    return np.flatnonzero(np.abs(np.asarray(y, dtype=np.float64) - centre) > OUTLIER_THRESHOLD * spread)

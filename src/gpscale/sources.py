@@ -12,11 +12,12 @@ A fit from a :class:`Table` reads the file twice, a block at a time, and never h
 
 A minibatch step reads its rows from that file by row (:meth:`MappedRows.take`), copies of 1,024 rows, so the
 process maps none of the file's pages, and its memory does not grow with n but for the epoch's permutation of the
-row indices (8 bytes a row). (A ``$TMPDIR`` on a tmpfs keeps the staged file in memory: point it at a disk.) Passes over the rows read them through
-the mapping: the initialisation's sample gives its pages back after each chunk, and a method whose training or
-posterior passes over every row (sgpr, the exact GP, DBK) maps at most the file while it passes, its pages given
-back after (:meth:`MappedRows.release`; they stay in the operating system's file cache). The file is removed when the fit ends, however it ends (the operating system
-frees an unnamed file when its last user closes it).
+row indices (8 bytes a row). Passes over the rows read them through the mapping: the initialisation's sample gives
+its pages back after each chunk, and a method whose training or posterior passes over every row (sgpr, the exact
+GP, DBK) maps at most the file while it passes, its pages given back after (:meth:`MappedRows.release`; they stay
+in the operating system's file cache). A ``$TMPDIR`` on a tmpfs keeps the staged file in memory: point it at a
+disk. The file is removed when the fit ends, however it ends (the operating system frees an unnamed file when its
+last user closes it).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from .memory import gib
-from .scaling import OUTLIER_THRESHOLD, ColumnMoments, Scaling, warn_outliers
+from .scaling import ColumnMoments, Scaling, outlying, warn_outliers
 from .tables import BLOCK_ROWS, read_blocks, table_columns
 
 __all__ = ["TARGET_SAMPLE", "ArrayRows", "MappedRows", "StagedRows", "Table", "TableScan"]
@@ -131,8 +132,8 @@ class TableScan:
         rows = MappedRows(self.n, self.d, dtype, folder)
         start, self.outlying, self.outlying_shown = 0, 0, []
         for X, y in self.table.blocks(self.shard, labels=self.labels, rows=self.rows):
-            if outliers is not None and outliers[1] > 0:
-                far = np.flatnonzero(np.abs(y.astype(np.float64) - outliers[0]) > OUTLIER_THRESHOLD * outliers[1])
+            if outliers is not None:
+                far = outlying(y, *outliers)
                 self.outlying += far.size
                 self.outlying_shown += [(offset + start + i, float(y[i])) for i in far[:5]]
             rows.write(start, x_scale.apply(X), targets(y))

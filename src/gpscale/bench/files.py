@@ -29,6 +29,7 @@ import numpy as np
 
 from ..data import make_friedman1
 from ..io import write_atomically
+from ..metrics import coverage, nlpd, rmse
 
 __all__ = ["FILES_DESCRIPTION", "FILES_PROTOCOL", "run_files"]
 
@@ -153,10 +154,9 @@ def _timed(command: list[str]) -> dict:
 
 
 def _scores(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict:
-    z = (y - mean) / std
-    return {"rmse": float(np.sqrt(np.mean((y - mean) ** 2))),
-            "nlpd": float(np.mean(0.5 * z**2 + np.log(std) + 0.5 * np.log(2 * np.pi))),
-            "coverage": float(np.mean(np.abs(z) <= 1.959964)), "noise_floor_rmse": NOISE_STD}
+    var = std**2
+    return {"rmse": rmse(y, mean), "nlpd": nlpd(y, mean, var), "coverage": coverage(y, mean, var),
+            "noise_floor_rmse": NOISE_STD}
 
 
 def _report(records: list[dict], rows: int, test_rows: int) -> str:

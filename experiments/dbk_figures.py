@@ -123,7 +123,7 @@ def build_model(name: str, training: Training) -> GPModel:
     elif name in ("dbk", "dbk-c"):
         model = get_model_class("dbk")(1, n_basis=training.n_basis, network="mlp", depth=2, width=training.width,
                                        activation="tanh", correction=name == "dbk",
-                                       scale_basis=training.scale_basis, calibrate_noise=False, **noise)
+                                       scale_basis=training.scale_basis, calibrate_noise=None, **noise)
     else:
         raise ValueError(f"Unknown model {name!r}; expected one of {MODELS}.")
     return model.to(dtype=training.torch_dtype, device=training.device)

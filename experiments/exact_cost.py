@@ -18,8 +18,8 @@ import torch
 
 from gpscale.data import load_dataset
 from gpscale.iterative import Preconditioner, cg
-from gpscale.models._blocked_kernel import BlockedKernel
-from gpscale.models.exact import ExactGP
+from gpscale.models.exact.blocked_kernel import BlockedKernel
+from gpscale.models.exact.gp import ExactGP
 from gpscale.train import fit
 
 

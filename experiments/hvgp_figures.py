@@ -20,7 +20,7 @@ the sub-GPs' errors against the true parts, the checks).
 **Fig. 6, the Nyström trace error** (:func:`nystrom_figure`): for n = 3000 inputs and a Matérn-3/2 with one
 lengthscale, the median pairwise distance (fixed), the relative error ``tr(K - Q) / tr(K)`` with
 ``Q = sum_t K_tf K_t,uu^{-1} K_tu`` against M, for SVGP with M, 2M and 8M k-means inducing points and HVGP 8 x M
-(3-way negation, every block starting from the same M k-means centres, as ``HVGP.init``) along the PCA directions
+(3-way negation, every block starting from the same M k-means centres, as ``HVGP.initialise_from_data``) along the PCA directions
 and along the raw axes. Inputs: correlated Gaussians in d = 6 with standard deviations 1 to 0.1 along a random
 orthogonal basis, z-scored per column (so the principal axes are not the coordinate axes), and, when
 ``$GPSCALE_DATA`` holds it, 3000 training inputs of kin40k. Unlike the paper, Z is not optimised for the trace
@@ -48,8 +48,8 @@ from gpscale.kernels.harmonic import (
     subspace_negations,
 )
 from gpscale.linalg import cholesky, solve_lower
-from gpscale.models.hvgp import HVGP
-from gpscale.models.svgp import SVGP
+from gpscale.models.harmonic.hvgp import HVGP
+from gpscale.models.variational.svgp import SVGP
 from gpscale.train import fit
 
 from .plotting import out_dir, pyplot
@@ -397,7 +397,7 @@ def _method_errors(X: Tensor, kernel, M: int, s: NystromSettings) -> dict:
     errors = {}
     for name, model in models.items():
         model = model.double()
-        model.init(X, y, seed=s.seed)
+        model.initialise_from_data(X, y, seed=s.seed)
         Kuu, Kuf = model.features.Kuu(), model.features.Kuf(X)  # SVGP: [m, m], [m, n]; HVGP: [T, m, m], [T, m, n]
         errors[name] = relative_trace_error(Kuu.reshape(-1, *Kuu.shape[-2:]), Kuf.reshape(-1, *Kuf.shape[-2:]),
                                             model.features.Kff_diag(X), s.jitter)

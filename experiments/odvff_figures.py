@@ -45,10 +45,10 @@ import numpy as np
 import torch
 
 from gpscale.kernels import Matern, Periodic, ProductMatern, Sum
-from gpscale.models.exact import ExactGP
-from gpscale.models.sgpr import SGPR
-from gpscale.models.svgp import SVGP
-from gpscale.models.vff import ODVFF, VFF
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.variational.svgp import SVGP
+from gpscale.models.fourier.vff import ODVFF, VFF
 from gpscale.train import fit
 
 from .plotting import out_dir, pyplot

@@ -7,9 +7,9 @@ import torch
 from sklearn.datasets import make_moons
 
 from gpscale.likelihoods import Bernoulli
-from gpscale.models.sgpr import SGPR
-from gpscale.models.svgp import SVGP
-from gpscale.models.vff import ODVFF
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.variational.svgp import SVGP
+from gpscale.models.fourier.vff import ODVFF
 from gpscale.train import fit
 
 F64 = torch.float64

@@ -6,7 +6,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 import gpscale
 from gpscale import GPClassifier, GPRegressor
 from gpscale.distributed import LocalComm
-from gpscale.estimator import _global_classes
+from gpscale.estimator.classifier import global_classes
 from gpscale.io import ModelFileError
 
 FAST = dict(n_inducing=16, epochs=40, batch_size=64, lr=0.05, progress=False)
@@ -83,7 +83,7 @@ def test_the_classes_of_every_process_are_gathered():
         def all_gather(self, tensor):  # the other rank holds the labels 7 and 3
             return torch.cat([tensor, torch.tensor([7.0, 3.0], dtype=tensor.dtype)])
 
-    np.testing.assert_array_equal(_global_classes(np.array([3, 1, 1]), TwoRanks()), [1, 3, 7])
+    np.testing.assert_array_equal(global_classes(np.array([3, 1, 1]), TwoRanks()), [1, 3, 7])
 
     class TwoRanksOfText(LocalComm):
         world_size = 2
@@ -91,4 +91,4 @@ def test_the_classes_of_every_process_are_gathered():
         def all_gather(self, tensor):  # the other rank holds the labels "zebra" and "a"
             return torch.cat([tensor, torch.tensor(list(b'["zebra", "a"]\n'), dtype=tensor.dtype)])
 
-    assert _global_classes(np.array(["b", "a", "b"]), TwoRanksOfText()).tolist() == ["a", "b", "zebra"]
+    assert global_classes(np.array(["b", "a", "b"]), TwoRanksOfText()).tolist() == ["a", "b", "zebra"]

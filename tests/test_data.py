@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpscale import data
+from gpscale.data import folder as data_folder
 from gpscale.data import load_dataset
 
 N_UCI, N_PMLB, N_MD, N_GEO, N_IMAGES = 60, 50, 40, 30, 20
@@ -492,7 +493,7 @@ def test_fashion_mnist_loads_the_official_split_from_the_folder_or_the_debian_pa
     package.mkdir()
     for key, file in data.FASHION_MNIST_IDX.items():
         _write_idx(package / file, arrays[key])
-    monkeypatch.setattr(data, "FASHION_MNIST_PACKAGE", package)
+    monkeypatch.setattr(data_folder, "FASHION_MNIST_PACKAGE", package)
     from_folder = load_dataset("fashion_mnist", data_dir=tmp_path, standardize_y=False)
     from_package = load_dataset("fmnist", data_dir=tmp_path / "missing", standardize_y=False)
     for ds in (from_folder, from_package):
@@ -503,6 +504,6 @@ def test_fashion_mnist_loads_the_official_split_from_the_folder_or_the_debian_pa
     assert (listed["n"], listed["d"], listed["splits"]) == (17, 784, 1)
     with pytest.raises(ValueError, match="split must be 0 for this image set's official train/test split"):
         load_dataset("fashion_mnist", split=1, data_dir=tmp_path)
-    monkeypatch.setattr(data, "FASHION_MNIST_PACKAGE", tmp_path / "not-installed")
+    monkeypatch.setattr(data_folder, "FASHION_MNIST_PACKAGE", tmp_path / "not-installed")
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         load_dataset("fashion_mnist", data_dir=tmp_path / "missing")

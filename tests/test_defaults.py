@@ -11,9 +11,14 @@ from gpscale import GPClassifier, GPRegressor, load
 from gpscale.cli import main
 from gpscale import defaults
 from gpscale.defaults import (AUTO_COLLAPSED_MAX_WORK, AUTO_EXACT_MAX_FLOPS, AUTO_EXACT_MAX_N, AUTO_INDUCING,
-                              AUTO_ITERATIVE_MAX_ENTRIES, AUTO_ITERATIVE_PRODUCTS, CHOLESKY_MEMORY_FRACTION, TRAINING,
-                              choose_method, exact_max_steps, resolve_training, sgpr_max_steps)
+                              AUTO_ITERATIVE_MAX_ENTRIES, AUTO_ITERATIVE_PRODUCTS, CHOLESKY_MEMORY_FRACTION,
+                              resolve_training)
 from gpscale.models import available_methods, get_model_class
+from gpscale.models.auto import choose_method
+from gpscale.models.base import GPModel
+from gpscale.models.exact import ExactGP
+from gpscale.models.linear import SGPR
+from gpscale.models.variational import SVGP
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,21 +96,26 @@ def test_every_method_has_a_row_and_full_batch_methods_converge_with_lbfgs():
         cls = get_model_class(key)
         if not cls.trainable:
             continue
-        assert key in TRAINING, f"{key} has no row in gpscale.defaults.TRAINING"
+        assert cls.default_training is not None, f"{key} declares no default_training"
         expected = "lbfgs" if cls.full_batch else "adam"
-        assert resolve_training(key, cls.full_batch).optimizer == expected
+        assert resolve_training(cls.training_defaults()).optimizer == expected
 
 
 def test_a_fixed_number_of_epochs_trains_with_adam_at_the_tables_rate():
-    settings = resolve_training("sgpr", True, epochs=30)
-    assert (settings.optimizer, settings.epochs, settings.lr) == ("adam", 30, TRAINING["sgpr"].lr)
-    given = resolve_training("svgp", False, epochs=None, lr=0.5, batch_size=7, max_steps=9, optimizer="adam")
+    settings = resolve_training(SGPR.training_defaults(), epochs=30)
+    assert (settings.optimizer, settings.epochs, settings.lr) == ("adam", 30, SGPR.training_defaults().lr)
+    given = resolve_training(SVGP.training_defaults(), epochs=None, lr=0.5, batch_size=7, max_steps=9,
+                             optimizer="adam")
     assert (given.lr, given.batch_size, given.max_steps, given.epochs) == (0.5, 7, 9, None)
-    assert resolve_training("a-users-model", False).optimizer == "adam"  # not in the table: by full_batch
+
+    class UsersModel(GPModel):  # declares no training defaults: the generic row for its full_batch
+        full_batch = False
+
+    assert resolve_training(UsersModel.training_defaults()).optimizer == "adam"
 
 
 def test_validation_or_a_checkpoint_trains_a_full_batch_method_with_adam():
-    watched = resolve_training("sgpr", True, watched=True)
+    watched = resolve_training(SGPR.training_defaults(), watched=True)
     assert watched.optimizer == "adam" and watched.epochs is None
     X, y = data(80)
     reg = GPRegressor(method="sgpr", n_inducing=10, val_fraction=0.25, progress=False).fit(X, y)
@@ -156,9 +166,9 @@ def test_a_loaded_model_summarises_as_the_fitted_one(tmp_path):
 
 def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
     # 1.1e12 / (n 512 532)
-    assert sgpr_max_steps(43_945, 20) == choose_method(43_945, 20, memory_bytes=0.0).max_steps == 91
-    assert sgpr_max_steps(3_000, 8) == TRAINING["sgpr"].max_steps  # a cheap pass: the table's cap binds
-    assert sgpr_max_steps(43_945, 20, n_inducing=1024) < sgpr_max_steps(43_945, 20)
+    assert SGPR.default_max_steps(43_945, 20, {}) == choose_method(43_945, 20, memory_bytes=0.0).max_steps == 91
+    assert SGPR.default_max_steps(3_000, 8, {}) == SGPR.training_defaults().max_steps  # a cheap pass: its cap binds
+    assert SGPR.default_max_steps(43_945, 20, {"n_inducing": 1024}) < SGPR.default_max_steps(43_945, 20, {})
     monkeypatch.setattr(defaults, "SGPR_WORK_BUDGET", 1e8)  # so that a small fit meets it: 300 x 50 x 53 a pass
     X = np.random.default_rng(0).normal(size=(300, 3))
     for params in ({"method": "sgpr", "n_inducing": 50}, {"method": "sgpr", "n_inducing": 50, "max_steps": 7}):
@@ -167,9 +177,11 @@ def test_sgpr_named_or_chosen_is_capped_by_the_same_budget_of_work(monkeypatch):
 
 
 def test_the_exact_gp_named_or_chosen_is_capped_by_the_budget_of_its_evidence(monkeypatch):
-    assert exact_max_steps(36_000, 5000) == 120  # 1.5e13 / 5,000^3
-    assert exact_max_steps(1_500, 5000) == TRAINING["exact"].max_steps  # a small evidence: the table's cap binds
-    assert exact_max_steps(36_000, None) == 1  # every row's evidence: one evaluation's work is the budget
+    assert ExactGP.default_max_steps(36_000, 8, {"evidence_rows": 5000}) == 120  # 1.5e13 / 5,000^3
+    # a small evidence: the method's own cap binds
+    assert ExactGP.default_max_steps(1_500, 8, {"evidence_rows": 5000}) == ExactGP.training_defaults().max_steps
+    # every row's evidence: one evaluation's work is the budget
+    assert ExactGP.default_max_steps(36_000, 8, {"evidence_rows": None}) == 1
     monkeypatch.setattr(defaults, "EXACT_EVIDENCE_BUDGET", 7 * 100**3)  # 7 evaluations of 100 rows
     X, y = data(300)
     for params in ({}, {"method": "exact"}, {"method": "exact", "max_steps": 3}):
@@ -181,7 +193,7 @@ def test_the_exact_gp_named_or_chosen_is_capped_by_the_budget_of_its_evidence(mo
 def test_dtype_auto_is_float32_for_the_methods_measured_safe_in_it_and_float64_for_the_others(method, tmp_path):
     X, y = data(120)
     reg = GPRegressor(method=method, n_inducing=10, epochs=2, progress=False).fit(X, y)
-    expected = torch.float32 if method in defaults.FLOAT32_METHODS else torch.float64
+    expected = torch.float32 if get_model_class(method).auto_dtype == "float32" else torch.float64
     assert reg.dtype == "auto" and reg.dtype_ == expected
     assert next(reg.model_.parameters()).dtype == expected
     reg.save(tmp_path / "m.gps")
@@ -196,4 +208,4 @@ def test_auto_chooses_the_method_before_its_dtype():
     X, y = data(120)
     reg = GPRegressor(progress=False).fit(X, y)  # 'auto' picks the exact GP for 120 rows
     assert reg.method_ == "exact" and reg.dtype_ == torch.float64
-    assert defaults.default_dtype("svgp") == "float32" and defaults.default_dtype("my-own-model") == "float64"
+    assert get_model_class("svgp").auto_dtype == "float32" and GPModel.auto_dtype == "float64"

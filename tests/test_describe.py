@@ -1,7 +1,6 @@
 """gpscale.describe: every option of every method with the default a fit without options uses, from the code."""
 import pytest
 
-from gpscale.defaults import default_dtype, training_defaults
 from gpscale.describe import method_defaults, options_table
 from gpscale.models import available_methods, get_model_class
 from gpscale.models.base import option_default, option_names
@@ -16,9 +15,9 @@ def test_every_option_of_the_method_is_listed_with_its_default_and_meaning(key):
         assert rows[name].default == (f"`{option_default(cls, name):.4g}`" if isinstance(option_default(cls, name),
                                       float) else f"`{option_default(cls, name)!r}`"), name
         assert rows[name].means, f"{key}: option {name} has no meaning in any docstring"
-    train = training_defaults(key, cls.full_batch)
+    train = cls.training_defaults()
     assert rows["max_steps"].default == f"`{train.max_steps}`" and rows["lr"].default == f"`{train.lr:g}`"
-    assert default_dtype(key) in rows["dtype"].default
+    assert cls.auto_dtype in rows["dtype"].default
     assert ("batch_size" in rows) == (not cls.full_batch)
 
 

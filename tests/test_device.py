@@ -59,8 +59,8 @@ def small_problem(method: str, likelihood: str = "gaussian", **options):
 def one_step(model, X, y, optimiser):
     """The training loop's step on the first BATCH rows (all rows for a full-batch model); its loss."""
     rows = None if model.full_batch else torch.arange(BATCH, device=X.device)
-    return train._step(model, train._Objective(model), X, y, train._Batch(rows, BATCH / N), optimiser,
-                       train.Shard(0, N, N), LOCAL)
+    return train.epoch._step(train.Objective(model), X, y, train.batches.Batch(rows, BATCH / N), optimiser,
+                             train.Shard(0, N, N), LOCAL)
 
 
 def problem_id(problem) -> str:
@@ -220,7 +220,7 @@ def test_the_linear_engine_streams_host_rows_to_the_models_device():
     model.to("meta")
     with deferred_checks(), torch.no_grad():
         stats = model.statistics(X, y)
-        posterior = model.collapse(X, y, posterior=True)
+        posterior = model.weight_posterior(X, y, posterior=True)
     assert stats.A.device.type == posterior.L_B.device.type == "meta" and stats.n == N
 
 
@@ -242,15 +242,15 @@ def _singular_svgp():
     model, X, y, generator = small_problem("svgp", jitter=0.0)
     with torch.no_grad():
         model.features.Z.copy_(model.features.Z[0].expand_as(model.features.Z))
-    model.init = lambda *args, **kwargs: None
+    model.initialise_from_data = lambda *args, **kwargs: None
     return model, X, y, generator
 
 
 def _epoch(model, X, y, generator, speculate=True):
     """The epoch's mean loss, and whether it ran again."""
     optimiser = torch.optim.Adam(model.parameter_groups(), lr=0.01)
-    run = train._epoch(model, train._Objective(model), X, y, optimiser, generator, BATCH, train.Shard(0, N, N),
-                       LOCAL, speculate)
+    run = train.run_epoch(model, train.Objective(model), X, y, optimiser, generator, BATCH, train.Shard(0, N, N),
+                          LOCAL, speculate)
     return run.total / run.n_steps, run.redone
 
 
@@ -304,14 +304,14 @@ def test_an_error_after_a_failed_check_is_taken_for_its_consequence():
 def test_training_resumes_eager_checks_after_a_speculation_failed(monkeypatch):
     model, X, y, _ = _singular_svgp()
     seen = []
-    epoch = train._epoch
+    epoch = train.run_epoch
 
     def spy(*args, **kwargs):
         run = epoch(*args, **kwargs)
         seen.append((args[-1], run.redone))
         return run
 
-    monkeypatch.setattr(train, "_epoch", spy)
+    monkeypatch.setattr(train.adam_loop, "run_epoch", spy)
     with pytest.warns(NumericalWarning):
         train.fit(model, X, y, epochs=3, batch_size=BATCH, progress=False)
     assert seen == [(True, True), (False, False), (False, False)]

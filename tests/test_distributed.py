@@ -234,7 +234,7 @@ def _stopped_worker(rank, port, out, checkpoint):
     """svgp with a checkpoint, rank 1 alone sent SIGTERM during its 6th step: every rank stops at the same step."""
     import signal
 
-    from gpscale import train as training
+    from gpscale.train import epoch as training
     from gpscale.preemption import Stopped
 
     step, count = training._step, {"n": 0}
@@ -391,11 +391,11 @@ def test_shards_cover_the_global_rows_in_rank_order():
 
 
 def _classes_worker(rank, port, out):
-    from gpscale.estimator import _global_classes
+    from gpscale.estimator.classifier import global_classes
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     mine = [np.array(["dog", "cat", "dog"], dtype=object), np.array(["émeu", "ant", "cat"], dtype=object)][rank]
-    torch.save(_global_classes(mine, TorchComm()).tolist(), f"{out}.{rank}")
+    torch.save(global_classes(mine, TorchComm()).tolist(), f"{out}.{rank}")
     dist.destroy_process_group()
 
 

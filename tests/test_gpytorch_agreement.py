@@ -21,10 +21,10 @@ gpytorch = pytest.importorskip("gpytorch")
 
 from gpscale.bench.peers import copy_hyperparameters, make_peer  # noqa: E402
 from gpscale.kernels.stationary import inverse_softplus  # noqa: E402
-from gpscale.models.exact import ExactGP  # noqa: E402
+from gpscale.models.exact.gp import ExactGP  # noqa: E402
 from gpscale.models.inducing import kmeans_centers  # noqa: E402
-from gpscale.models.sgpr import SGPR  # noqa: E402
-from gpscale.models.svgp import SVGP  # noqa: E402
+from gpscale.models.linear.sgpr import SGPR  # noqa: E402
+from gpscale.models.variational.svgp import SVGP  # noqa: E402
 from gpscale.train import fit  # noqa: E402
 
 DT = torch.float64
@@ -272,7 +272,7 @@ def _constrained_grads_peer(peer):
 @pytest.mark.parametrize("solver", ["cholesky", "qr"])
 def test_sgpr_gradients_equal_gpytorch(data, solver):
     X, y, _, Z = data
-    ours = _sgpr(Z, solver, chunk_size=128)  # 3 chunks: the checkpointed (recomputed) path of _linear
+    ours = _sgpr(Z, solver, chunk_size=128)  # 3 chunks: the checkpointed (recomputed) path of the linear engine
     peer = _peer(ours, "gpytorch-sgpr")
     ours.elbo(X, y).backward()
     peer.objective(X, y).backward()
@@ -319,7 +319,7 @@ def test_training_trajectories_agree(data, name):
         # GPyTorch's examples train q with Adam, as ours does without natural gradients
         ours = _with_hypers(SVGP(D, n_inducing=M, jitter=0.0, natural_gradients=False, **common).to(DT))
     peer = _peer(ours, name)
-    Z0 = None if name == "gpytorch-exact" else kmeans_centers(X, M, 0)  # what fit's model.init uses
+    Z0 = None if name == "gpytorch-exact" else kmeans_centers(X, M, 0)  # what fit's model.initialise_from_data uses
     epochs, lr, batch = 6, 0.05, 64
     fit(ours, X, y, epochs=epochs, lr=lr, batch_size=batch, seed=0, progress=False)
     seconds = peer.fit(X, y, epochs=epochs, lr=lr, batch_size=batch, seed=0, Z=Z0)

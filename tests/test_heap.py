@@ -145,7 +145,7 @@ def test_fit_holds_the_freed_heap(monkeypatch):
         yield
         seen.append("exit")
 
-    monkeypatch.setattr("gpscale.train.hold_freed_heap", recording)
+    monkeypatch.setattr("gpscale.train.fitting.hold_freed_heap", recording)
     X = torch.randn(20, 2, dtype=torch.float64)
     fit(get_model_class("exact")(2), X, X[:, 0], epochs=1, progress=False)
     assert seen == ["enter", "exit"]

@@ -82,3 +82,24 @@ def test_the_import_graph_has_no_cycle():
     for name in sorted(MODULES):
         if name not in state:
             visit(name, [name])
+
+
+MAX_MODULE_LINES = 450
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_module_has_at_most_450_lines(name):
+    """A module has one job: past a few hundred lines it has grown a second one, which wants a module of its own."""
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name} has {lines} lines: split it along its seams"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_module_imports_no_private_name_from_another(name):
+    """A name starting with ``_`` belongs to its module; another module that needs it wants it public (or moved)."""
+    tree = ast.parse(MODULES[name].read_text())
+    private = [f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for alias in node.names
+               if (node.level or (node.module or "").startswith("gpscale")) and alias.name.startswith("_")
+               and not alias.name.startswith("__")]
+    assert not private, f"{name} imports private names {private}"

@@ -2,9 +2,11 @@ import pytest
 import torch
 
 from gpscale import linalg
+from gpscale.linalg import products
+from gpscale.linalg.factor import CHOLESKY_PADDING
 from gpscale.linalg import (NotPSDError, NumericalWarning, StreamingQR, cholesky, cholesky_inverse, gram,
                             inverse_cholesky, lower_inverse, lower_transpose_product, qr_r, solve_lower,
-                            squared_norms, transposed_times, tril_matmul, tril_outer, weighted_sum, whiten)
+                            squared_norms, transposed_times, tril_matmul, tril_outer, weighted_sum, whitened_solve)
 
 
 def spd(n, seed=0):
@@ -77,7 +79,7 @@ def test_cholesky_pads_only_the_orders_lapack_aliases(monkeypatch):
     for m in (60, 64, 100, 128, 1, 192):
         cholesky(spd(m))
     cholesky(spd(128).expand(3, 128, 128))  # a batch: LAPACK's own, padded it took longer
-    assert orders == [60, 64, 100, 128 + linalg.CHOLESKY_PADDING, 1, 192 + linalg.CHOLESKY_PADDING, 128]
+    assert orders == [60, 64, 100, 128 + CHOLESKY_PADDING, 1, 192 + CHOLESKY_PADDING, 128]
 
 
 def test_cholesky_rejects_nan_at_an_order_it_pads():
@@ -157,7 +159,7 @@ def test_solve_lower_is_the_solve_and_it_and_its_gradient_come_back_row_major(L_
 
 def _factor_and_whiten(dtype, batch, through_factorisation, m=9, c=13):
     """A = L^{-1} K for L = chol(Kuu), with a loss of A, and the gradients of K and Kuu: autograd through torch's
-    factorisation and solve, or :func:`whiten` from a factor without a graph."""
+    factorisation and solve, or :func:`whitened_solve` from a factor without a graph."""
     g = torch.Generator().manual_seed(2)
     X = torch.randn(*batch, m, 2 * m, generator=g, dtype=torch.float64)
     Kuu = (X @ X.mT / m + 0.1 * torch.eye(m, dtype=torch.float64)).requires_grad_(True)
@@ -166,14 +168,14 @@ def _factor_and_whiten(dtype, batch, through_factorisation, m=9, c=13):
     if through_factorisation:
         A = torch.linalg.solve_triangular(torch.linalg.cholesky(Kuu).to(dtype), K, upper=False)
     else:
-        A = whiten(K, torch.linalg.cholesky(Kuu.detach()), Kuu)
+        A = whitened_solve(K, torch.linalg.cholesky(Kuu.detach()), Kuu)
     loss = (A * W).sum() + (A**2).sum()
     return (A, *torch.autograd.grad(loss, [K, Kuu]))
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("batch", [(), (3,)])
-def test_whiten_has_the_gradients_of_the_factorisation_and_the_solve(dtype, tolerance, batch):
+def test_whitened_solve_has_the_gradients_of_the_factorisation_and_the_solve(dtype, tolerance, batch):
     ours = _factor_and_whiten(dtype, batch, through_factorisation=False)
     reference = _factor_and_whiten(dtype, batch, through_factorisation=True)
     for name, a, b in zip(("A", "dK", "dKuu"), ours, reference):
@@ -222,7 +224,7 @@ def test_weighted_sum_and_its_backward_are_the_sum_s_w_s_K_s(batch):
 def test_squared_norms_and_their_backward_are_the_sums_of_squares_along_an_axis(shape, dim, monkeypatch):
     """In blocks of 2 rows along the last axis (so that several blocks and a short last one are summed): the value
     is (M * M).sum(dim) and the backward 2 g M, checked by finite differences."""
-    monkeypatch.setattr(linalg, "_NORM_ROWS", 2)
+    monkeypatch.setattr(products, "_NORM_ROWS", 2)
     M = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
     torch.testing.assert_close(squared_norms(M, dim), (M * M).sum(dim), rtol=1e-14, atol=0)
     assert torch.autograd.gradcheck(lambda M: squared_norms(M, dim), (M,))

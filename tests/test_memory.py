@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-import gpscale.estimator
+import gpscale.estimator.base
 from gpscale import GPClassifier, GPRegressor
 from gpscale.memory import InsufficientMemoryError, check_tensors_fit
-from gpscale.models.dbk import DBK
-from gpscale.models.exact import ExactGP
-from gpscale.models.grief import GRIEF
-from gpscale.models.hvgp import HVGP
-from gpscale.models.sgpr import SGPR
-from gpscale.models.softki import SoftKI
-from gpscale.models.svgp import SVGP
+from gpscale.models.deep_basis.dbk import DBK
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.grief.grief_ii import GRIEFII
+from gpscale.models.harmonic.hvgp import HVGP
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.linear.softki import SoftKI
+from gpscale.models.variational.svgp import SVGP
 
 from conftest import toy_regression
 
@@ -27,7 +27,7 @@ MB = 10**6
 def limit_memory(monkeypatch, n_bytes: int) -> None:
     """Make every device report ``n_bytes`` free (also where a module imported the function by name)."""
     monkeypatch.setattr("gpscale.memory.available_bytes", lambda device="cpu": n_bytes)
-    monkeypatch.setattr("gpscale.models.exact.available_bytes", lambda device="cpu": n_bytes)
+    monkeypatch.setattr("gpscale.models.exact.gp.available_bytes", lambda device="cpu": n_bytes)
 
 
 def never(*args, **kwargs):
@@ -45,7 +45,7 @@ def test_the_guard_names_the_shape_the_dtype_the_sizes_and_the_advice(monkeypatc
 
 def fitted(cls, X, y, **options):
     model = cls(X.shape[1], **options).to(torch.float64)
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     model.fit_posterior(X, y)
     return model
 
@@ -85,7 +85,7 @@ def test_return_cov_and_sample_y_refuse_a_joint_covariance_that_does_not_fit(mon
 def test_an_exact_gp_whose_cholesky_factor_does_not_fit_is_refused_before_training(monkeypatch):
     X, y = (t.numpy() for t in toy_regression(n=3000, d=5))
     limit_memory(monkeypatch, 50 * MB)  # the factor of 3,000 rows is 72 MB; the evidence of 500 rows 14 MB
-    monkeypatch.setattr(gpscale.estimator, "fit", never)
+    monkeypatch.setattr(gpscale.estimator.base, "fit", never)
     reg = GPRegressor(method="exact", inference="cholesky", evidence_rows=500, progress=False)
     with pytest.raises(InsufficientMemoryError, match=r"Cholesky factor of 3,000 rows .* inference='iterative'"):
         reg.fit(X, y)
@@ -131,8 +131,8 @@ def test_dbk_refuses_features_held_whole_that_do_not_fit(monkeypatch):
 
 def test_grief_streams_its_evidence_where_phi_does_not_fit_and_refuses_to_hold_it(monkeypatch):
     X, y = toy_regression(n=2000, d=3)
-    model = GRIEF(3, n_eigen=100, init_exact_points=0).to(torch.float64)
-    model.init(X, y)
+    model = GRIEFII(3, n_eigen=100, init_exact_points=0).to(torch.float64)
+    model.initialise_from_data(X, y)
     assert model.holds_features(X)
     with torch.no_grad():
         held = model.log_marginal_likelihood(X, y)
@@ -147,7 +147,7 @@ def test_grief_streams_its_evidence_where_phi_does_not_fit_and_refuses_to_hold_i
 def test_softki_refuses_a_batch_whose_interpolation_weights_do_not_fit(monkeypatch):
     X, y = toy_regression(n=3000, d=5)
     model = SoftKI(5, n_inducing=512).to(torch.float64)
-    monkeypatch.setattr("gpscale.models.softki.softmax_weights", never)
+    monkeypatch.setattr("gpscale.models.linear.softki.softmax_weights", never)
     limit_memory(monkeypatch, 50 * MB)  # four [3,000, 512] float64 matrices are 49 MB
     with pytest.raises(InsufficientMemoryError,
                        match=r"interpolation weights of a batch of 3,000 rows .*\(4 matrices of 3,000 x 512 float64\)"

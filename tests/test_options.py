@@ -2,6 +2,7 @@
 option of every registered method, and that the estimator checks it before touching the data."""
 import inspect
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from gpscale import GPRegressor
 from gpscale.models import available_methods, get_model_class
 from gpscale.models.base import option_default, option_names
-from gpscale.options import CONSTRAINTS, Constraint, check_options, constraints_table
+from gpscale.options import CONSTRAINTS, Constraint, check_options, check_renamed, constraints_table, renamed_table
 
 
 def _estimator_options() -> set[str]:
@@ -66,3 +67,31 @@ def test_descriptions_read_as_the_interval():
 def test_the_docs_list_the_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
     assert page.endswith(constraints_table())
+
+
+RENAMED = {(key, old): new for key in available_methods()
+           for old, new in get_model_class(key).renamed_options.items()}
+
+
+def test_the_docs_list_the_renamed_options():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text()
+    assert RENAMED and renamed_table(RENAMED) in page
+
+
+@pytest.mark.parametrize("method, old", sorted(RENAMED))
+def test_a_renamed_option_is_refused_with_its_new_name(method, old):
+    cls = get_model_class(method)
+    new = RENAMED[(method, old)]
+    assert new in option_names(cls) and old not in option_names(cls)
+    message = f"option '{old}' of {method} is now '{new}': pass {new}=..."
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_renamed(method, cls.renamed_options, [old])
+    check_renamed(method, cls.renamed_options, [new])
+    with pytest.raises(ValueError, match=re.escape(message)):  # through the estimator, before any training
+        GPRegressor(method=method, progress=False, **{old: "auto"}).fit(np.arange(8.0)[:, None], np.arange(8.0) % 3)
+
+
+def test_the_old_name_of_a_renamed_option_stays_another_methods_option():
+    """``solver`` is still the linear engine's: sgpr takes it, and grief (GP-GRIEF-II) never had it."""
+    assert "solver" in option_names(get_model_class("sgpr"))
+    assert "solver" not in get_model_class("sgpr").renamed_options | get_model_class("grief").renamed_options

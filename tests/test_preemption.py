@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpscale import GPRegressor
-from gpscale import train as training
+from gpscale.train import epoch as training
 from gpscale.checkpoint import CheckpointError
 from gpscale.cli import main
 from gpscale.preemption import Stopped, deferred_stop, stop_signals

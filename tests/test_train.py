@@ -11,11 +11,13 @@ from conftest import toy_regression
 from gpscale import lbfgs
 from gpscale.likelihoods import Bernoulli, Gaussian, RobustMax
 from gpscale.linalg import NotPSDError
-from gpscale.models.sgpr import SGPR
-from gpscale.models.svgp import SVGP
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.variational.svgp import SVGP
 from gpscale.defaults import Convergence
 from gpscale.models import get_model_class
-from gpscale.train import TrainingError, _lbfgs_plateaued, _LinesPerMinute, _Plateau, fit, progress_bar
+from gpscale.train import TrainingError, fit, progress_bar
+from gpscale.train.convergence import Plateau, lbfgs_plateaued
+from gpscale.train.progress import LinesPerMinute
 
 
 def sgpr(d=2, m=10, **kw):
@@ -296,7 +298,7 @@ def test_progress_in_a_log_file_is_plain_lines_at_most_once_a_minute(capsys):
     bar.close()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("svgp:") and "\r" not in lines[0]
-    every_redraw = _LinesPerMinute(interval=0.0)
+    every_redraw = LinesPerMinute(interval=0.0)
     for text in ("\rsvgp: 1/3", "\rsvgp: 2/3", "\r   \r"):
         every_redraw.write(text)
     assert capsys.readouterr().err == "svgp: 1/3\nsvgp: 2/3\n"
@@ -304,7 +306,7 @@ def test_progress_in_a_log_file_is_plain_lines_at_most_once_a_minute(capsys):
 
 # --- training to convergence (epochs=None) ---------------------------------------------------------------------
 def test_plateau_rule_waits_cuts_the_learning_rate_then_stops():
-    plateau = _Plateau(Convergence(tol=0.01, patience=2, lr_cuts=1), patience=None)
+    plateau = Plateau(Convergence(tol=0.01, patience=2, lr_cuts=1), patience=None)
     verdicts = [plateau.update(v) for v in (5.0, 4.0, 3.995, 3.99, 3.0, 2.999, 2.998, 2.997)]
     # 3.995 and 3.99 are within 1% of the best: a wait, then the cut; 3.0 improves; the next plateau, after the
     # one cut allowed, stops
@@ -314,16 +316,16 @@ def test_plateau_rule_waits_cuts_the_learning_rate_then_stops():
 def test_lbfgs_plateau_counts_evaluations_not_iterations():
     rule = Convergence(tol=1e-3, lbfgs_window=10)
     # fewer than ten evaluations in: nothing to compare with yet
-    assert not _lbfgs_plateaued([(e, 2.0) for e in range(1, 9)], 2.0, 9, rule)
+    assert not lbfgs_plateaued([(e, 2.0) for e in range(1, 9)], 2.0, 9, rule)
     # one evaluation an iteration: the loss ten iterations back
     steady = [(e, 2.0 - 0.01 * e) for e in range(1, 20)]
-    assert not _lbfgs_plateaued(steady, 2.0 - 0.01 * 20, 20, rule)
-    assert _lbfgs_plateaued(steady[:9] + [(e, 1.9) for e in range(10, 20)], 1.9, 20, rule)
+    assert not lbfgs_plateaued(steady, 2.0 - 0.01 * 20, 20, rule)
+    assert lbfgs_plateaued(steady[:9] + [(e, 1.9) for e in range(10, 20)], 1.9, 20, rule)
     # two iterations whose line searches took 25 evaluations between them: the window is spent
     searching = [(2, 2.0), (5, 1.0)]
-    assert _lbfgs_plateaued(searching, 0.9995, 30, rule)
-    assert not _lbfgs_plateaued(searching, 0.99, 30, rule)
-    assert not _lbfgs_plateaued(searching, 0.9995, 14, rule)  # (5, 1.0) ended only 9 evaluations ago
+    assert lbfgs_plateaued(searching, 0.9995, 30, rule)
+    assert not lbfgs_plateaued(searching, 0.99, 30, rule)
+    assert not lbfgs_plateaued(searching, 0.9995, 14, rule)  # (5, 1.0) ended only 9 evaluations ago
 
 
 def test_lbfgs_to_convergence_stops_before_the_cap_and_says_so():
@@ -361,7 +363,7 @@ def test_adam_to_convergence_can_watch_the_validation_nlpd_and_keeps_the_best():
 
 
 def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_global_rows_beyond(monkeypatch):
-    from gpscale import train
+    from gpscale.train import batches as train
 
     X, y = toy_regression(n=50)
     Xi, yi = train.initialisation_rows(X, y, seed=0)
@@ -387,7 +389,7 @@ def test_a_fit_far_worse_than_ignoring_the_inputs_is_an_error_not_a_model():
     degenerate = "nats per point at best, against .* for a model that ignores the inputs"
     with pytest.raises(TrainingError, match=degenerate):  # 1e14 nats a point: no budget explains it
         fit(SVGP(2, **given).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)
-    with patch("gpscale.train.ABSURD_EXCESS", math.inf), \
+    with patch("gpscale.train.result.ABSURD_EXCESS", math.inf), \
             pytest.warns(RuntimeWarning, match=degenerate + ".*Train for longer"):  # a budget may be too short
         fit(SVGP(2, **given).float(), X.float(), y.float(), epochs=3, batch_size=50, progress=False)
     with warnings.catch_warnings():
@@ -396,17 +398,17 @@ def test_a_fit_far_worse_than_ignoring_the_inputs_is_an_error_not_a_model():
 
 
 def test_a_degenerate_fit_is_an_error_when_training_converged_there_and_a_warning_when_a_budget_ended_it():
-    from gpscale.train import FitResult, _check_not_degenerate
+    from gpscale.train.result import FitResult, check_not_degenerate
     from gpscale.distributed import LOCAL
     model, y = SVGP(2, n_inducing=4), torch.tensor([1.0, -1.0])  # null loss 1/2 log(2 pi) + 1/2 = 1.42
     result = FitResult(history=[{"loss": 600.0}, {"loss": 500.0}])
     with pytest.raises(TrainingError, match="500 nats per point at best, against 1.419"):
-        _check_not_degenerate(result, model, y, LOCAL, converged=True)
+        check_not_degenerate(result, model, y, LOCAL, converged=True)
     with pytest.warns(RuntimeWarning, match="Train for longer"):
-        _check_not_degenerate(result, model, y, LOCAL, converged=False)
+        check_not_degenerate(result, model, y, LOCAL, converged=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _check_not_degenerate(FitResult(history=[{"loss": 101.0}]), model, y, LOCAL, converged=True)  # within 100
+        check_not_degenerate(FitResult(history=[{"loss": 101.0}]), model, y, LOCAL, converged=True)  # within 100
 
 
 @pytest.mark.parametrize("likelihood, y, expected", [
@@ -428,7 +430,7 @@ def test_fits_adam_is_adam():
     y = torch.sin(X[:, 0])
     from gpscale.models import get_model_class
     fused = get_model_class("dbk")(3, n_basis=8, width=16, weight_decay=1e-3).double()
-    fused.init(X, y, seed=0)
+    fused.initialise_from_data(X, y, seed=0)
     reference = copy.deepcopy(fused)
     optimisers = [adam(fused, 0.01), torch.optim.Adam(reference.parameter_groups(), lr=0.01, foreach=False)]
     for _ in range(5):

@@ -4,8 +4,8 @@ from .cite import cite
 from .estimator import GPClassifier, GPRegressor, load
 from .linalg import NotPSDError, NumericalWarning
 from .models import available_methods
-from .models._extrapolation import ExtrapolationWarning
-from .models.grief_i_chains import ConvergenceWarning
+from .models.extrapolation import ExtrapolationWarning
+from .models.grief.chains import ConvergenceWarning
 from .preemption import Stopped
 from .scaling import OutlierWarning
 from .sources import Table

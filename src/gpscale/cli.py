@@ -82,8 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the target holds class labels: a GPClassifier (probit for two classes, robust-max for "
                         "more) with a variational method")
     p.add_argument("-o", "--output", type=Path, required=True, help="model file to write (e.g. model.gps)")
-    # every default below is the estimator's (None: the method's, from gpscale.defaults), so the command line and
-    # the Python API fit the same model
+    # every default below is the estimator's (None: the method's, declared on its model class), so the command line
+    # and the Python API fit the same model
     p.add_argument("--n-inducing", type=int, default=None, help="default: the method's")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the data with Adam (default: train until the objective has converged)")

@@ -1,7 +1,7 @@
 """What ``GPRegressor(method=key)`` uses when it is given no options: every option with its default and meaning.
 
-The rows come from the code (the model's constructor and its docstring, the training table of
-:mod:`gpscale.defaults`, the estimator's own starts), so the options table of each method's documentation page is
+The rows come from the code (the model's constructor and its docstring, the training defaults and ``auto_dtype``
+its class declares, the estimator's own starts), so the options table of each method's documentation page is
 generated from them and cannot drift from what a fit does.
 """
 from __future__ import annotations
@@ -10,8 +10,7 @@ import inspect
 import re
 from dataclasses import dataclass
 
-from .defaults import default_dtype, training_defaults
-from .models.base import GPModel, _constructors, get_model_class, option_names
+from .models.base import GPModel, constructor_parameters, get_model_class, option_names
 from .options import CONSTRAINTS
 
 __all__ = ["OptionDefault", "method_defaults", "options_table"]
@@ -33,9 +32,9 @@ def method_defaults(key: str) -> list[OptionDefault]:
     its constructors declare them (the method's own before those it shares with every method)."""
     cls = get_model_class(key)
     meanings = _documented_options(cls)
-    rows = _training_rows(key, cls)
+    rows = _training_rows(cls)
     seen = {row.name for row in rows}
-    for parameters in _constructors(cls):
+    for parameters in constructor_parameters(cls):
         for p in parameters.values():
             if p.name in seen or p.name in ("self", "n_features") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                 continue
@@ -52,10 +51,10 @@ def options_table(key: str) -> str:
     return "\n".join(lines)
 
 
-def _training_rows(key: str, cls: type[GPModel]) -> list[OptionDefault]:
-    train = training_defaults(key, cls.full_batch)
+def _training_rows(cls: type[GPModel]) -> list[OptionDefault]:
+    train = cls.training_defaults()
     optimizer = "L-BFGS" if train.optimizer == "lbfgs" else "Adam"
-    rows = [OptionDefault("dtype", f"`'auto'`: {default_dtype(key)}", "the dtype of the data-sized work; the "
+    rows = [OptionDefault("dtype", f"`'auto'`: {cls.auto_dtype}", "the dtype of the data-sized work; the "
                           "m x m cores and every solve run in float64 whatever it is"),
             OptionDefault("epochs", "`None`", f"passes over the data with Adam; `None` trains with {optimizer} "
                           "until the objective stops improving (`gpscale.defaults.Convergence`) or `max_steps`"),

@@ -6,8 +6,8 @@ above its mmap threshold with a fresh mapping and unmaps it on free, and returns
 to the system beyond its trim threshold; either way the next step's tensor of that size touches new pages, and
 the kernel faults in and zeroes each 4 KiB of it. glibc raises both thresholds by itself as mapped blocks are freed,
 but only to the size of the largest block freed so far, and a step whose temporaries are all about one size keeps
-missing: a loop that makes four 8 MiB tensors a pass faulted in 614 pages a pass with glibc's own thresholds, none
-with the ones below.
+missing: a loop of same-sized tensors faults in fresh pages every pass with glibc's own thresholds, and none with
+the ones below.
 
 :func:`keep_temporaries_on_heap` fixes the thresholds at the ceiling glibc's own rule reaches on a 64-bit machine:
 requests up to 32 MiB come from the heap, and up to 64 MiB of free heap is kept. Larger tensors are mapped as
@@ -19,9 +19,9 @@ the environment already sets malloc's thresholds (``MALLOC_MMAP_THRESHOLD_``, ``
 ``MALLOC_TOP_PAD_``) or sets ``GPSCALE_MALLOC=default``. The setting stays for the rest of the process: glibc has
 no way back to its dynamic rule.
 
-A training step's temporaries together outgrow the trim threshold: HVGP's paper-size step frees some 50 MB above
-its 64 MiB at the top of the heap, which glibc hands back at the step's end and the next step faults in again
-(12,000 to 14,000 pages a step; the exact GP's step on 2,000 rows, 25,000). :func:`hold_freed_heap` raises the trim
+A training step's temporaries together can outgrow the trim threshold: a step that frees more than that at the top
+of the heap has glibc hand it back at the step's end, and the next step faults it in again (thousands of pages a
+step at the FLOP floor's paper sizes; the Performance page has the counts). :func:`hold_freed_heap` raises the trim
 threshold to :data:`HELD_TRIM_THRESHOLD` while a fit runs, and on leaving sets it back and hands the freed heap to
 the system (``malloc_trim``): the fit's memory peak is the same (the step reaches it either way), and the process
 does not keep it afterwards.

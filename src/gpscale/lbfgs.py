@@ -116,10 +116,9 @@ def _scipy_blas_on_one_thread() -> Iterator[None]:
     """Run the OpenBLAS libraries that scipy and numpy bring on one thread, where torch computes with another BLAS.
 
     L-BFGS-B calls scipy's BLAS between two evaluations of the loss. OpenBLAS's threads, woken by such a call,
-    busy-wait for more work afterwards and take the cores from torch's threads, which evaluate the loss: on two
-    cores, SGPR's fit on 692 rows (m = 256, 95 evaluations) took 5.2 s with them and 1.6 s without, each
-    evaluation some six times slower than alone. L-BFGS-B's vectors have one entry per parameter, work for one
-    thread. Nothing is limited where torch's own BLAS is OpenBLAS (some aarch64 wheels, distribution builds: the
+    busy-wait for more work afterwards and take the cores from torch's threads, which evaluate the loss, so that on
+    a machine of few cores every evaluation runs several times slower than alone. L-BFGS-B's vectors have one entry
+    per parameter, work for one thread. Nothing is limited where torch's own BLAS is OpenBLAS (some aarch64 wheels, distribution builds: the
     library may be the one torch multiplies with), nor an OpenBLAS built on OpenMP, whose thread count is the
     OpenMP runtime's that torch may share.
     """

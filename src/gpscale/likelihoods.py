@@ -221,11 +221,10 @@ class RobustMax(_MultiClass):
         quadrature_points: Gauss-Hermite points q (default 20, GPflow's).
     """
 
-    # The variational methods' default for q (natural_gradients=None) is Adam under this likelihood: measured on
-    # 3,200 Fashion-MNIST images (one epoch of batch 64, 1,000 test images), natural-gradient steps of 0.1 took
-    # svgp to accuracy 0.31 and NLL 5.7 where Adam on q reached 0.77 and 0.92 (softmax with natural-gradient
-    # steps: 0.79 and 0.65). A step's local quadratic model of log(1 - eps) P_y + log(eps / (C - 1)) (1 - P_y),
-    # bounded and nearly a step in the means, overshoots it.
+    # The variational methods' default for q (natural_gradients=None) is Adam under this likelihood: a
+    # natural-gradient step's local quadratic model of log(1 - eps) P_y + log(eps / (C - 1)) (1 - P_y), bounded and
+    # nearly a step in the means, overshoots it, and such steps left svgp far less accurate than Adam on q (the
+    # comparison is in the SVGP page's reproduction notes).
     natural_steps = False
 
     def __init__(self, n_classes: int, epsilon: float = 1e-3, quadrature_points: int = 20):

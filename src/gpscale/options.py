@@ -8,6 +8,10 @@ models through the estimators, so the table serves them too. ``None`` always pas
 
 Model constructors keep their own checks of what only they know (a choice among their networks, a group that
 must fit the inputs); the table holds what a value must be whatever the method.
+
+An option renamed so that one name has one meaning across the methods is listed by its model class
+(``renamed_options``, old name -> new): the estimators refuse the old name for that method with a message that
+names the new one (:func:`check_renamed`), and accept nothing under it.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Constraint", "CONSTRAINTS", "check_options", "constraints_table"]
+__all__ = ["Constraint", "CONSTRAINTS", "check_options", "check_renamed", "constraints_table", "renamed_table"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,21 @@ def check_options(options: dict) -> None:
         if rule is None or value is None or rule.admits(value):
             continue
         raise ValueError(f"{name} ({rule.means}) must be {rule.describe()}, got {value!r}.")
+
+
+def check_renamed(method: str, renamed: dict[str, str], names) -> None:
+    """Raise ValueError for the first of ``names`` that ``renamed`` (a model class's ``renamed_options``: old name
+    -> new) lists, naming the new option of ``method``."""
+    for name in names:
+        if name in renamed:
+            new = renamed[name]
+            raise ValueError(f"option {name!r} of {method} is now {new!r}: pass {new}=...")
+
+
+def renamed_table(renamed: dict[tuple[str, str], str]) -> str:
+    """Renamed options, (method, old name) -> new name, as a markdown table for the docs."""
+    rows = [f"| `{method}` | `{old}` | `{new}` |" for (method, old), new in sorted(renamed.items())]
+    return "\n".join(["| method | old name | new name |", "|---|---|---|", *rows]) + "\n"
 
 
 def constraints_table() -> str:

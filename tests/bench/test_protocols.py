@@ -14,8 +14,8 @@ from gpscale.bench.runner import ESTIMATOR, TRAINING_OPTIONS, _training_identity
 from gpscale.bench.store import ResultsStore
 from gpscale.data import load_dataset
 from gpscale.models import available_methods, get_model_class
-from gpscale.models.grief import paper_n_eigen
-from gpscale.models.grief_init import INIT_STRETCH
+from gpscale.models.grief.grief_ii import paper_n_eigen
+from gpscale.models.grief.init import INIT_STRETCH
 
 ALL = sorted(PROTOCOLS)
 SOFTKI_PROTOCOLS = ("softki-table1", "softki-table2", "softki-md17", "softki-noise", "softki-scale")
@@ -164,8 +164,8 @@ def test_dbk_table1_layout():
     # the variants not in the paper differ from dbk only in the basis scaling or the posterior's noise, so the
     # calibrated ones refit the posterior of the trained dbk / svdbk (runner._training_identity)
     assert specs["dbk-scaled"].options == {**specs["dbk"].options, "scale_basis": True}
-    for key in ("dbk", "svdbk"):
-        assert specs[f"{key}-cal"].options == {**specs[key].options, "calibrate_noise": True}
+    for key, calibration in (("dbk", "posterior"), ("svdbk", "variance")):
+        assert specs[f"{key}-cal"].options == {**specs[key].options, "calibrate_noise": calibration}
         assert _training_identity(specs[f"{key}-cal"]) == _training_identity(specs[key])
     for label in ("dbk", "dbk-c", "svdbk", "svdbk-c"):
         options = specs[label].options
@@ -327,9 +327,9 @@ def test_grief_table1_layout():
     assert all(paper_n_eigen(GRIEF_TABLE1_SIZES[dataset][0]) == p for dataset, p in GRIEF_TABLE1_P.items())
     assert {k: specs["grief"].options[k] for k in ("grid_size", "optimizer", "epochs")} == {
         "grid_size": 10, "optimizer": "lbfgs", "epochs": 100}
-    for label, solver in (("grief-i", "reweighted"), ("grief-i-orth", "orthogonal")):
+    for label, parametrisation in (("grief-i", "reweighted"), ("grief-i-orth", "orthogonal")):
         options = specs[label].options
-        assert specs[label].key == "grief-i" and options["solver"] == solver and options["n_eigen"] == 1000
+        assert specs[label].key == "grief-i" and options["parametrisation"] == parametrisation and options["n_eigen"] == 1000
         assert (options["n_iterations"], options["burn_in"], options["thin"]) == (10_000, 1_000, 50)
         assert "tune" not in options  # the default: adapted in burn-in only
         # theta from the exact GP alone (the paper's) below n = 2000, from GRIEF-II's multi-start above
@@ -358,7 +358,7 @@ def test_grief_scale_layout():
     assert protocol.datasets == {"friedman1_d11": None}
     assert protocol.dataset_options == {"friedman1_d11": {"n": 2_000_000}}
     (spec,) = protocol.methods
-    assert (spec.key, spec.name, spec.options["solver"], spec.options["n_eigen"]) == (
+    assert (spec.key, spec.name, spec.options["parametrisation"], spec.options["n_eigen"]) == (
         "grief-i", "grief-i-orth", "orthogonal", 1000)
     assert spec.options["chunk_size"] <= 8192  # the statistics pass holds chunk_size x p features at a time
     ds = load_dataset("friedman1_d11", n=100)  # the generator exists and has the electric set's d
@@ -374,7 +374,7 @@ def test_grief_table1_files_have_the_papers_n_and_d(dataset):
 
 
 @pytest.mark.skipif(not DATA, reason="GPSCALE_DATA not set")
-@pytest.mark.filterwarnings("ignore::gpscale.models.grief_i_chains.ConvergenceWarning")  # 60 iterations cannot converge
+@pytest.mark.filterwarnings("ignore::gpscale.models.grief.chains.ConvergenceWarning")  # 60 iterations cannot converge
 def test_grief_table1_smoke_run_on_challenger(tmp_path):
     """Every method of the protocol through the runner and the report on challenger fold 0, with iteration counts cut
     down through the options."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gpscale import estimator, metrics
+from gpscale.estimator import base as estimator_base
 from gpscale.bench import runner
 from gpscale.bench.protocols import MethodSpec, Protocol, get_protocol
 from gpscale.bench.report import write_report
@@ -138,7 +139,7 @@ def test_a_posterior_option_declared_by_a_parent_class_is_reset_on_the_reused_mo
     """svdbk takes calibrate_noise through **kwargs from DeepBasisModel: the runner finds its default there."""
     svdbk = dict(n_basis=4, network="mlp", width=8, epochs=2, batch_size=64, lr=0.01)
     protocol = replace(TINY, methods=(MethodSpec("svdbk", svdbk),
-                                      MethodSpec("svdbk", {**svdbk, "calibrate_noise": True}, label="cal")),
+                                      MethodSpec("svdbk", {**svdbk, "calibrate_noise": "variance"}, label="cal")),
                        datasets={"friedman1": (0,)})
     plain, calibrated = ResultsStore(run_protocol(protocol, out_dir=tmp_path, progress=False,
                                                   log=lambda line: None)).runs()
@@ -149,7 +150,8 @@ def test_a_posterior_option_declared_by_a_parent_class_is_reset_on_the_reused_mo
 
 def test_per_dataset_options_are_merged_run_and_recorded(tmp_path, monkeypatch):
     built = []
-    monkeypatch.setattr(estimator, "fit", lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))
+    monkeypatch.setattr(estimator_base, "fit",
+                        lambda model, X, y, **kw: built.append((model, kw)) or fit(model, X, y, **kw))
     spec = MethodSpec("exact", dict(epochs=3, lr=0.1, noise_floor=1e-4),
                       dataset_overrides={"gp_sample": {"epochs": 2, "noise_floor": 1e-3}, "unused": {"epochs": 9}})
     protocol = replace(TINY, methods=(spec,), dataset_options={"friedman1": {"n": 120}, "gp_sample": {"n": 120}})
@@ -177,7 +179,7 @@ def test_an_auto_entry_runs_the_estimator_with_its_defaults_and_records_what_it_
 
 def test_the_warm_up_is_one_epoch_and_a_short_chain(monkeypatch):
     """The untimed warm-up must stay tiny also for a model whose work is all in fit_posterior (GRIEF-I's MCMC
-    ignores epochs): it takes the runner's WARM_UP_OPTIONS on top of one epoch."""
+    ignores epochs): it takes the model class's warm_up_options on top of one epoch."""
     seen = []
     monkeypatch.setattr(runner, "run_one", lambda spec, ds, **kw: seen.append(spec.options))
     specs = (MethodSpec("grief-i", dict(n_eigen=1000, n_iterations=10_000, burn_in=1_000, thin=50)),
@@ -247,7 +249,7 @@ def test_validation_options_go_to_the_trainer_not_to_the_model(monkeypatch):
         calls.append((kwargs, result, X.shape[0]))
         return result
 
-    monkeypatch.setattr(estimator, "fit", spy)
+    monkeypatch.setattr(estimator_base, "fit", spy)
     ds = load_dataset("friedman1", n=300)
     spec = MethodSpec("svgp", dict(n_inducing=8, epochs=30, batch_size=64, lr=0.05, val_fraction=0.2, patience=1))
     record = run_one(spec, ds, seed=0, dtype="float64")

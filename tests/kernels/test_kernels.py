@@ -333,12 +333,12 @@ def test_gpytorch_adapter_equals_the_wrapped_kernel(points):
 
 
 def test_additive_matern_by_name_and_gpytorchs_additive_peer_kernel_agree():
-    from gpscale.bench.peers import _kernel
+    from gpscale.bench.peers.gpytorch_models import peer_kernel
     from gpscale.kernels import AdditiveMatern
 
     ours = make_kernel("additive_matern32", 3, lengthscale=0.7, outputscale=1.5).double()
     assert isinstance(ours, AdditiveMatern) and ours.variance.sum().item() == pytest.approx(1.5)
-    peer = _kernel("additive_matern32", 3).double()
+    peer = peer_kernel("additive_matern32", 3).double()
     with torch.no_grad():
         for d, term in enumerate(peer.kernels):
             term.base_kernel.lengthscale = ours.lengthscale[d]

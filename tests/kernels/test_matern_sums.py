@@ -177,7 +177,7 @@ def test_training_takes_the_dense_products_parameters(lengthscale, monkeypatch):
     gamma) a with the loss): the trained parameters equal those of a kernel that only takes the dense product. At
     a lengthscale of 1e-3 the scaled inputs span too far: fit's speculated epoch finds the flag, undoes the epoch
     and runs it again with the dense product."""
-    from gpscale.models.odvgp import ODVGP
+    from gpscale.models.variational.odvgp import ODVGP
     from gpscale.train import fit
 
     g = torch.Generator().manual_seed(0)
@@ -187,7 +187,7 @@ def test_training_takes_the_dense_products_parameters(lengthscale, monkeypatch):
     def trained():
         torch.manual_seed(0)
         model = ODVGP(2, n_inducing=6, n_mean_inducing=8, kernel=AdditiveMatern(2, lengthscale=lengthscale)).double()
-        model.init(X, y)
+        model.initialise_from_data(X, y)
         fit(model, X, y, epochs=2, batch_size=20, lr=0.01, progress=False)
         return {name: p.detach().clone() for name, p in model.named_parameters()}
 

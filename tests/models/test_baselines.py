@@ -7,11 +7,11 @@ from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
 from gpscale.models import get_model_class
-from gpscale.models import _linear, _weight_space
+from gpscale.models.linear import engine as linear_engine, weight_space as weight_space
 from gpscale.models.base import NotFittedPosteriorError
-from gpscale.models.exact import ExactGP
-from gpscale.models.sgpr import SGPR
-from gpscale.models.svgp import SVGP
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.variational.svgp import SVGP
 
 HYPERS = dict(lengthscale=0.6, outputscale=1.4, noise=0.05)
 
@@ -116,7 +116,7 @@ def test_one_natural_gradient_step_of_size_one_on_the_full_batch_lands_on_the_op
 
 @pytest.mark.parametrize("options", [dict(), dict(likelihood="robustmax", n_classes=3)], ids=["one", "multiclass"])
 def test_natural_gradient_steps_raise_the_elbo_of_blocks_and_latent_functions(data, options):
-    from gpscale.models.hvgp import HVGP
+    from gpscale.models.harmonic.hvgp import HVGP
 
     X, y = data
     if options:
@@ -168,7 +168,7 @@ def test_chunked_and_checkpointed_statistics_give_the_same_loss_and_gradients(da
 def test_loss_gradient_matches_finite_differences(data, key):
     X, y = data
     model = build(get_model_class(key), X[:25], **({} if key == "exact" else {"n_inducing": 8}))
-    model.init(X[:25], y[:25])
+    model.initialise_from_data(X[:25], y[:25])
     raw = [p for name, p in model.named_parameters() if "raw_" in name]
 
     def loss_of(*values):
@@ -216,7 +216,7 @@ def test_sgpr_only_factors_m_by_m_matrices():
 def test_chunked_prediction_equals_one_chunk_and_variances_are_non_negative(data, key):
     X, y = data
     small = build(get_model_class(key), X, **({} if key == "exact" else {"n_inducing": 12}), chunk_size=5)
-    small.init(X, y)
+    small.initialise_from_data(X, y)
     big = build(get_model_class(key), X, **({} if key == "exact" else {"n_inducing": 12}), chunk_size=10_000)
     big.load_state_dict(small.state_dict())
     for model in (small, big):
@@ -243,11 +243,11 @@ def test_the_held_feature_sums_and_their_backward_equal_autograd_of_the_dense_fo
     mu = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
 
     def sums(Phi, y):
-        stats = _weight_space.held_statistics(Phi, y, chunk_size=9)
+        stats = weight_space.held_statistics(Phi, y, chunk_size=9)
         return stats.A, stats.b
 
     def rss(Phi, y, mu):  # residual_quad = (rss + s2 |mu|^2) / s2: with s2 = 1, rss + |mu|^2
-        return _weight_space.residual_quad(Phi, y, mu, torch.tensor(1.0, dtype=torch.float64), chunk_size=9)
+        return weight_space.residual_quad(Phi, y, mu, torch.tensor(1.0, dtype=torch.float64), chunk_size=9)
 
     A, b = sums(Phi, y)
     torch.testing.assert_close(A, Phi.T @ Phi, rtol=1e-13, atol=1e-13)
@@ -266,12 +266,12 @@ def test_held_feature_statistics_of_scaled_rows_equal_those_of_the_scaled_copy_a
     g = torch.Generator().manual_seed(5)
     Phi, y = torch.randn(40, 6, generator=g, dtype=torch.float64), torch.randn(40, generator=g, dtype=torch.float64)
     s = torch.rand(40, generator=g, dtype=torch.float64) + 0.5
-    scaled = _weight_space.held_statistics(Phi, y, chunk_size=9, row_scale=s)
-    copied = _weight_space.held_statistics(Phi * s.unsqueeze(-1), y * s, chunk_size=9)
+    scaled = weight_space.held_statistics(Phi, y, chunk_size=9, row_scale=s)
+    copied = weight_space.held_statistics(Phi * s.unsqueeze(-1), y * s, chunk_size=9)
     for name in ("A", "b", "yy"):
         torch.testing.assert_close(getattr(scaled, name), getattr(copied, name), rtol=1e-14, atol=1e-14)
     with pytest.raises(ValueError, match="row_scale without gradients"):
-        _weight_space.held_statistics(Phi.requires_grad_(), y, chunk_size=9, row_scale=s)
+        weight_space.held_statistics(Phi.requires_grad_(), y, chunk_size=9, row_scale=s)
 
 
 def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
@@ -279,19 +279,19 @@ def test_linear_engine_evidence_equals_dense_bayesian_linear_regression():
     Phi = torch.randn(40, 6, generator=g, dtype=torch.float64)
     y = torch.randn(40, generator=g, dtype=torch.float64)
     noise = torch.tensor(0.3, dtype=torch.float64)
-    stats = _weight_space.accumulate(lambda X: X, Phi, y, chunk_size=9)
-    post = _weight_space.collapse_cholesky(stats, noise)
+    stats = weight_space.accumulate(lambda X: X, Phi, y, chunk_size=9)
+    post = weight_space.weight_posterior_cholesky(stats, noise)
     dense = MultivariateNormal(torch.zeros(40, dtype=torch.float64), Phi @ Phi.T + noise * torch.eye(40))
-    torch.testing.assert_close(_weight_space.log_evidence(post, noise), dense.log_prob(y))
-    torch.testing.assert_close(_weight_space.residual_quad(Phi, y, post.weight_mean, noise, chunk_size=9), post.quad)
+    torch.testing.assert_close(weight_space.log_evidence(post, noise), dense.log_prob(y))
+    torch.testing.assert_close(weight_space.residual_quad(Phi, y, post.weight_mean, noise, chunk_size=9), post.quad)
     # posterior of w: N(Sigma Phi^T y / s2, Sigma), Sigma = (I + Phi^T Phi / s2)^-1
     Sigma = torch.linalg.inv(torch.eye(6, dtype=torch.float64) + Phi.T @ Phi / noise)
     torch.testing.assert_close(post.weight_mean, Sigma @ Phi.T @ y / noise)
     Xs = torch.randn(5, 6, generator=g, dtype=torch.float64)
-    mean, var = _weight_space.predict_linear(post.L_B, post.weight_mean, Xs)
+    mean, var = weight_space.weight_space_predictive(post.L_B, post.weight_mean, Xs)
     torch.testing.assert_close(var, ((Xs @ Sigma) * Xs).sum(-1))
-    qr_post = _weight_space.collapse_qr(lambda X: X, Phi, y, noise, chunk_size=9)
-    torch.testing.assert_close(_weight_space.log_evidence(qr_post, noise), dense.log_prob(y))
+    qr_post = weight_space.weight_posterior_qr(lambda X: X, Phi, y, noise, chunk_size=9)
+    torch.testing.assert_close(weight_space.log_evidence(qr_post, noise), dense.log_prob(y))
 
 
 def test_noise_and_kernel_hyperparameters_start_at_the_requested_values():
@@ -327,7 +327,7 @@ def test_sgpr_auto_solver_uses_qr_in_float32_and_stays_close_to_float64():
     ref = build(SGPR, X, Z=X[::10], n_inducing=30)
     m32 = SGPR(2, n_inducing=30).float()
     m32.load_state_dict(ref.state_dict())
-    with patch.object(_linear, "collapse_qr", wraps=_weight_space.collapse_qr) as qr:
+    with patch.object(linear_engine, "weight_posterior_qr", wraps=weight_space.weight_posterior_qr) as qr:
         bound32 = m32.elbo(X.float(), y.float())
         assert qr.called
         ref.elbo(X, y)
@@ -360,14 +360,13 @@ JOINT_OPTIONS = {"exact": {}, "sgpr": {"n_inducing": 10}, "svgp": {"n_inducing":
 @pytest.mark.filterwarnings("ignore:GP-GRIEF-I's MCMC has not converged")  # a chain of 60 steps, on purpose
 @pytest.mark.parametrize("key", sorted(JOINT_OPTIONS))
 def test_the_joint_predictive_has_the_marginal_moments_on_its_diagonal_and_is_symmetric_psd(key):
-    from gpscale.bench.runner import WARM_UP_OPTIONS
     from gpscale.models import available_methods
     from gpscale.train import fit
 
     assert set(JOINT_OPTIONS) == set(available_methods())  # a new method joins this contract
     X, y = toy_regression(n=80, d=2)
     cls = get_model_class(key)
-    model = cls(2, **JOINT_OPTIONS[key], **WARM_UP_OPTIONS.get(key, {})).double()
+    model = cls(2, **JOINT_OPTIONS[key], **cls.warm_up_options).double()
     fit(model, X, y, epochs=3, batch_size=40, lr=0.01, progress=False)
     Xs = toy_regression(n=7, d=2, seed=4)[0]
     mean, var = model.predict(Xs)

@@ -8,8 +8,8 @@ import torch
 from gpscale.kernels import RBF, inverse_softplus
 from gpscale.kernels.patches import (ConvKernel, PatchGeometry, checkerboard_negation, patch_negation,
                                      tick_location_kernel)
-from gpscale.models._variational import VariationalGP
-from gpscale.models.conv import ConvolutionalFeatures, kmeans_patches
+from gpscale.models.variational.engine import VariationalGP
+from gpscale.models.conv.features import ConvolutionalFeatures, kmeans_patches
 from gpscale.train import fit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -165,7 +165,7 @@ def test_kmeans_inducing_patches_are_seeded_and_shaped():
     assert not torch.allclose(Z, kmeans_patches(X, geometry, 6, seed=4)[0])
     assert all((geometry.locations == location).all(-1).any() for location in L)  # positions of real patches
     features = conv_features(6, checkerboard_negation(3, 2), tick=True)
-    features.init_from_images(X, seed=3)
+    features.initialise_from_images(X, seed=3)
     torch.testing.assert_close(features.Z, Z.expand(4, 6, -1))  # every block starts at the same patches
     torch.testing.assert_close(features.locations, L.expand(4, 6, 2))
 
@@ -177,11 +177,11 @@ class ConvGP(VariationalGP):
     def __init__(self, kernel, n_inducing, action=None, **kwargs):
         super().__init__(kernel.geometry.n_pixels, kernel=kernel, **kwargs)
         self.features = ConvolutionalFeatures(self.kernel, n_inducing, action)
-        self.init_variational(n_inducing, blocks=self.features.blocks)
+        self.initialise_q(n_inducing, blocks=self.features.blocks)
 
-    def init(self, X, y, seed=0):
-        self.features.init_from_images(X, seed)
-        self.start_at_prior()
+    def initialise_from_data(self, X, y, seed=0):
+        self.features.initialise_from_images(X, seed)
+        self.initialise_q_at_prior()
 
 
 def square_images(n, seed=0):

@@ -14,9 +14,9 @@ from gpscale.kernels import RBF, kernel_from_spec, kernel_spec
 from gpscale.kernels.patches import (ConvKernel, PatchGeometry, checkerboard_negation, patch_negation,
                                      tick_location_kernel)
 from gpscale.models import get_model_class
-from gpscale.models._variational import VariationalGP
-from gpscale.models.conv import ConvolutionalFeatures
-from gpscale.models.convgp import patch_median_distance
+from gpscale.models.variational.engine import VariationalGP
+from gpscale.models.conv.features import ConvolutionalFeatures
+from gpscale.models.conv.convgp import patch_median_distance
 from gpscale.options import check_options
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,7 +29,7 @@ class HandBuilt(VariationalGP):
     def __init__(self, features, **kwargs):
         super().__init__(features.kernel.geometry.n_pixels, kernel=features.kernel, **kwargs)
         self.features = features
-        self.init_variational(features.Z.shape[-2], blocks=features.blocks)
+        self.initialise_q(features.Z.shape[-2], blocks=features.blocks)
 
 
 def hand_built(group, tick, weights, m, likelihood):

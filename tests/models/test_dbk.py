@@ -16,10 +16,11 @@ from gpscale import ExtrapolationWarning, GPClassifier, GPRegressor
 from gpscale.bench.memory import PeakMemory
 from gpscale.data import make_friedman1
 from gpscale.kernels import deep_basis
-from gpscale.models import _weight_space, get_model_class
-from gpscale.models.svdbk import SVDBK
+from gpscale.models import get_model_class
+from gpscale.models.linear import weight_space as weight_space
+from gpscale.models.deep_basis.svdbk import SVDBK
 from gpscale.kernels.deep_basis import DeepBasisKernel, ResidualLayer, Tanh, mlp, prior_variance, residual_mlp
-from gpscale.models.dbk import DBK, trace_penalty, variance_correction
+from gpscale.models.deep_basis.dbk import DBK, trace_penalty, variance_correction
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -58,7 +59,7 @@ def targets(n, seed=1):
 
 def build(cls, table, noise=0.3, **options):
     """A model with basis rows ``table``; the noise is learned (floor 1e-6) if above the floor, else fixed."""
-    options = {"learn_noise": noise > 1e-6, "calibrate_noise": False, **options}
+    options = {"learn_noise": noise > 1e-6, "calibrate_noise": None, **options}
     return cls(1, n_basis=table.shape[1], network=Lookup(table), noise=noise, **options).double()
 
 
@@ -115,8 +116,8 @@ def test_1_log_marginal_likelihood_equals_dense(n, r, noise):
     with torch.no_grad():
         assert model.log_marginal_likelihood(rows(0, n), y).item() == pytest.approx(expected.item(), rel=1e-10)
         # the engine's subtractive data fit, yy / sigma^2 - c^T c, agrees on these well-conditioned problems
-        post = model.posterior_of(Phi, y)
-        assert _weight_space.log_evidence(post, model.noise).item() == pytest.approx(expected.item(), rel=1e-10)
+        post = model.weight_posterior_of(Phi, y)
+        assert weight_space.log_evidence(post, model.noise).item() == pytest.approx(expected.item(), rel=1e-10)
 
 
 def test_1_data_fit_is_free_of_cancellation():
@@ -135,7 +136,7 @@ def test_1_data_fit_is_free_of_cancellation():
     exact = -25 * math.log(2 * math.pi) - 0.5 * logdet - 0.5 * float(quad)
     with torch.no_grad():
         residual = model.log_marginal_likelihood(rows(0, 50), y).item()
-        subtractive = _weight_space.log_evidence(model.posterior_of(a.unsqueeze(-1), y), model.noise).item()
+        subtractive = weight_space.log_evidence(model.weight_posterior_of(a.unsqueeze(-1), y), model.noise).item()
     assert abs(residual - exact) < 1e-9 * abs(exact)
     assert abs(subtractive - exact) > 1e3 * abs(residual - exact)  # the check discriminates
 
@@ -457,7 +458,7 @@ def test_dbk_calibrated_noise_maximises_the_dense_evidence_and_the_posterior_use
     Phi = random_basis(64, 5, seed=19)
     Phi = Phi / Phi.norm(dim=1, keepdim=True) * (1 + 0.2 * torch.rand(64, 1, generator=g, dtype=F64))
     y = Phi[:60] @ torch.randn(5, generator=g, dtype=F64) + 0.2 * torch.randn(60, generator=g, dtype=F64)
-    model = build(DBK, Phi, 0.3, correction=correction, calibrate_noise=True)
+    model = build(DBK, Phi, 0.3, correction=correction, calibrate_noise="posterior")
     model.fit_posterior(rows(0, 60), y)
     s2 = model.noise.item()
     k = prior_variance(Phi[:60])
@@ -481,7 +482,7 @@ def test_svdbk_calibrated_noise_maximises_the_expected_log_likelihood():
     q_mean, q_L = 0.3 * torch.randn(4, generator=g, dtype=F64), random_scale_tril(4, g, 0.1, 0.05)
     e = (y - Phi @ q_mean) ** 2 + ((Phi @ q_L) ** 2).sum(-1)
     for correction in (False, True):
-        model = build(SVDBK, Phi, 0.3, correction=correction, calibrate_noise=True)
+        model = build(SVDBK, Phi, 0.3, correction=correction, calibrate_noise="variance")
         set_q(model, q_mean, q_L)
         model.fit_posterior(rows(0, 60), y)
         s2 = model.noise.item()
@@ -720,13 +721,13 @@ def test_defaults_follow_the_paper():
 
 
 def test_the_library_defaults_scale_the_built_in_network_and_calibrate_dbk_noise():
-    """Not the paper's (its protocols pass scale_basis=False, calibrate_noise=False): a built-in network's output is
+    """Not the paper's (its protocols pass scale_basis=False, calibrate_noise=None): a built-in network's output is
     divided by sqrt(r), a given module is used as given, and exact DBK re-estimates sigma^2 after training."""
     assert DBK(3).kernel.scale_basis and SVDBK(3).kernel.scale_basis
     assert not DBK(2, n_basis=5, network=nn.Linear(2, 5)).kernel.scale_basis
     assert not DBK(3, scale_basis=False).kernel.scale_basis
-    assert DBK(3).calibrate_noise is True and SVDBK(3).calibrate_noise is False
-    assert DBK(3, calibrate_noise=False).calibrate_noise is False
+    assert DBK(3).calibrate_noise == "posterior" and SVDBK(3).calibrate_noise is None
+    assert DBK(3, calibrate_noise=None).calibrate_noise is None
 
 
 def test_the_default_network_starts_within_reach_of_the_data():
@@ -739,7 +740,7 @@ def test_the_default_network_starts_within_reach_of_the_data():
     for scale_basis in (None, False):
         torch.manual_seed(0)
         model = DBK(11, scale_basis=scale_basis).float()
-        model.init(X, y)
+        model.initialise_from_data(X, y)
         with torch.no_grad():
             starts[scale_basis] = model.loss(X, y, num_data=1_000).item() - model.likelihood.null_loss(y)
     assert starts[None] < 30 and starts[False] > 100, starts
@@ -803,7 +804,7 @@ def test_built_in_networks_are_drawn_from_the_training_seed_and_user_networks_ke
     before = user.weight.detach().clone()
     model = SVDBK(2, n_basis=4, network=user).double()
     set_q(model, torch.ones(4, dtype=F64), 2 * torch.eye(4, dtype=F64))
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     assert torch.equal(model.kernel.network.weight, before)
     assert torch.equal(model.q_mu, torch.zeros(4, dtype=F64))  # q(w) restarts at the prior N(0, I)
     torch.testing.assert_close(model.q_sqrt, torch.eye(4, dtype=F64), rtol=0, atol=1e-15)

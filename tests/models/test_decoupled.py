@@ -5,14 +5,14 @@ import torch
 from torch.distributions import MultivariateNormal
 
 import gpscale.linalg as gpscale_linalg
-import gpscale.models._gaussian_q as gpscale_gaussian_q
+import gpscale.models.variational.gaussian_q as gpscale_gaussian_q
 from gpscale import GPRegressor
 from gpscale.kernels import AdditiveMatern, matern_sums
 from gpscale.linalg import NumericalWarning
-from gpscale.models.exact import ExactGP
-from gpscale.models.odvgp import ODVGP
-from gpscale.models.svgp import SVGP
-from gpscale.models.vff import ODVFF, VFF, VFFSVGP
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.variational.odvgp import ODVGP
+from gpscale.models.variational.svgp import SVGP
+from gpscale.models.fourier.vff import ODVFF, VFF, VFFSVGP
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -27,7 +27,7 @@ def problem(n=60, d=1, seed=0):
 
 def odvff(X, y, F=5, n_mean=0, noise=0.05, **kw):
     model = ODVFF(X.shape[1], n_frequencies=F, n_mean_inducing=n_mean, lengthscale=0.2, noise=noise, **kw).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     return model
 
 
@@ -43,7 +43,7 @@ def odvgp(X, y, M=8, n_mean=0, additive=True):
     kernel = AdditiveMatern(X.shape[1], lengthscale=0.3) if additive else "matern32"
     model = ODVGP(X.shape[1], n_inducing=M, n_mean_inducing=n_mean, kernel=kernel, lengthscale=0.3,
                   noise=0.05, jitter=0.0).double()  # the dense formulas' K_bb has none
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     return model
 
 
@@ -64,7 +64,7 @@ def dense(model, X):
 
 
 def dense_elbo(model, X, y):
-    """Spec §4.2-4.3 written out with dense solves."""
+    """The decoupled ELBO, its predictive mean and variance, written out with dense solves."""
     Kbb, Kbx, Kbg, Kgg, Kgx, Kxx = dense(model, X)
     m, L, a = model.q_mu, model.q_sqrt, model.a_gamma
     S = L @ L.T
@@ -83,7 +83,7 @@ def test_6_at_initialisation_q_is_the_prior():
     model = odvff(X, y, n_mean=10)
     with torch.no_grad():
         Kbb = model.Kuu_operator()
-        mean, residual, A = model.projections(X, Kbb, model.mean_weights(Kbb, model.q_mu))
+        mean, residual, A = model.q.projections(model, X, Kbb, model.q.mean_weights(model, Kbb, model.q_mu))
         var = residual + (model.q_sqrt.T @ A).square().sum(0)
         kl = model.prior_kl()
     assert mean.abs().max() == 0
@@ -128,7 +128,7 @@ def test_7_the_orthogonal_kl_term_is_the_joint_quadratic_form():
 def test_8_with_inducing_points_and_no_mean_basis_it_is_the_whitened_svgp():
     X, y = problem(50, 2)
     decoupled = ODVGP(2, n_inducing=8, n_mean_inducing=0, lengthscale=0.3, noise=0.1, jitter=1e-6).double()
-    decoupled.init(X, y)
+    decoupled.initialise_from_data(X, y)
     randomise(decoupled)
     svgp = SVGP(2, n_inducing=8, lengthscale=0.3, noise=0.1, jitter=1e-6).double()
     with torch.no_grad():
@@ -140,7 +140,7 @@ def test_8_with_inducing_points_and_no_mean_basis_it_is_the_whitened_svgp():
 
 
 def closed_form_optimum(model, X, y):
-    """Spec §4.4 (App. B): the optimal (a, m, S) of the Gaussian full-batch ELBO for fixed theta and gamma."""
+    """The optimal (a, m, S) of the Gaussian full-batch ELBO for fixed theta and gamma."""
     Kbb, Kbx, Kbg, Kgg, Kgx, _ = dense(model, X)
     s2 = model.noise.detach()
     S = Kbb @ torch.linalg.solve(Kbb + Kbx @ Kbx.T / s2, Kbb)
@@ -166,7 +166,7 @@ def test_8_at_the_optimum_the_svgp_form_equals_the_collapsed_vff_bound():
     for F in (5, 20):
         svgp_form = odvff(X, y, F=F)
         collapsed = VFF(1, n_frequencies=F, lengthscale=0.2, noise=0.05, kernel=svgp_form.kernel).double()
-        collapsed.init(X, y)
+        collapsed.initialise_from_data(X, y)
         with torch.no_grad():
             collapsed.fourier.set_box(svgp_form.features.lower, svgp_form.features.upper)
             bound = collapsed.elbo(X, y).item()
@@ -259,7 +259,7 @@ def test_11_a_natural_gradient_step_below_one_moves_the_natural_parameters_that_
 @pytest.mark.parametrize("make", ["odvgp", "odvff", "odvff-extra"])
 def test_a_steps_loss_takes_the_matrices_of_its_natural_gradient_step_and_the_same_gradients(make):
     """The natural-gradient step forms K_uu (with its factorisation), K_uf, Kuu^{-1} K_uf with its residual, K_u,gamma
-    and k(x, gamma) with their graph and the loss of the same step takes them (VariationalGP.step_shared): the loss
+    and k(x, gamma) with their graph and the loss of the same training step takes them (VariationalGP.training_loss): the loss
     and every gradient equal those of forming them again, and K_uu is formed once a step."""
     X, y = problem(80, d=2)
 
@@ -268,7 +268,7 @@ def test_a_steps_loss_takes_the_matrices_of_its_natural_gradient_step_and_the_sa
         if make == "odvgp":
             model = ODVGP(2, n_inducing=8, n_mean_inducing=12, kernel=AdditiveMatern(2, lengthscale=0.3),
                           noise=0.05).double()
-            model.init(X, y)
+            model.initialise_from_data(X, y)
         else:
             extra = dict(n_extra_inducing=4, extra_kernel="periodic") if make == "odvff-extra" else {}
             model = odvff(X, y, F=4, n_mean=12, **extra)
@@ -284,11 +284,9 @@ def test_a_steps_loss_takes_the_matrices_of_its_natural_gradient_step_and_the_sa
         return original(*args, **kwargs)
 
     shared.features.Kuu_operator = counted
-    for model in (shared, fresh):
-        model.natural_gradient_step(X, y, 80)
-    fresh._step_kernels = None  # this one forms them again in its loss
-    losses = [model.loss(X, y, 80) for model in (shared, fresh)]
-    assert len(formed) == 1 and shared._step_kernels is None
+    fresh.natural_gradient_step(X, y, 80)  # a step of its own, and a loss that forms them again
+    losses = [shared.training_loss(X, y, 80), fresh.loss(X, y, 80)]
+    assert len(formed) == 1 and shared.step_kernels is None
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-13, atol=0)
     for loss in losses:
         loss.backward()
@@ -368,7 +366,7 @@ def test_bad_options_get_a_clear_error(options, message):
 def test_too_many_mean_inducing_points_get_a_clear_error():
     X, y = problem(10, 1)
     with pytest.raises(ValueError, match="exceeds the 10 training rows"):
-        ODVFF(1, n_mean_inducing=20).double().init(X, y)
+        ODVFF(1, n_mean_inducing=20).double().initialise_from_data(X, y)
     with pytest.raises(ValueError, match="no mean basis"):
         VFFSVGP(1, n_mean_inducing=3)
 
@@ -383,7 +381,7 @@ def test_the_extra_component_joins_the_covariance_basis_block_diagonally():
     X, y = problem(40, 1)
     model = ODVFF(1, n_frequencies=4, n_mean_inducing=5, extra_kernel="periodic", n_extra_inducing=6,
                   lengthscale=0.2, noise=0.05).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     randomise(model)
     Kbb = model.Kuu_operator().to_dense()
     assert Kbb.shape == (9 + 6, 9 + 6) and torch.all(Kbb[:9, 9:] == 0)
@@ -417,12 +415,12 @@ def test_12_the_minibatch_elbo_averaged_over_a_partition_is_the_full_elbo():
 
 
 def test_15_one_natural_gradient_step_on_inducing_points_reaches_the_sgpr_bound():
-    from gpscale.models.sgpr import SGPR
+    from gpscale.models.linear.sgpr import SGPR
 
     X, y = problem(50, 2)
     decoupled = ODVGP(2, n_inducing=12, n_mean_inducing=0, lengthscale=0.4, noise=0.05, jitter=1e-6,
                       natgrad_step=1.0).double()
-    decoupled.init(X, y)
+    decoupled.initialise_from_data(X, y)
     sgpr = SGPR(2, n_inducing=12, lengthscale=0.4, noise=0.05, jitter=1e-6).double()
     with torch.no_grad():
         sgpr.features.Z.copy_(decoupled.features.Z)

@@ -14,8 +14,9 @@ from torch.nn import functional
 import gpscale
 from gpscale import GPClassifier
 from gpscale.models import get_model_class
-from gpscale.models import deep_conv
-from gpscale.models.deep_conv import matrix_normal_kl, row_noise
+from gpscale.models.conv import hashed_draws
+from gpscale.models.conv.deep_conv import matrix_normal_kl
+from gpscale.models.conv.hashed_draws import row_noise
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -185,7 +186,7 @@ def test_the_hash_is_its_definition_mod_the_prime_where_an_xor_shift_lands_on_th
     prime itself, and the next round's product reads the prime as 0): equal to the definition with ``% prime``
     after every step, on random residues and on inputs whose xor-shift in one of the rounds is the prime exactly
     (found by running the rounds backwards from 2,147,418,113, whose shift is 2^31 - 1)."""
-    prime, rounds = deep_conv._PRIME, deep_conv._ROUNDS
+    prime, rounds = hashed_draws.PRIME, hashed_draws._ROUNDS
 
     def definition(x):
         for a in rounds:
@@ -208,16 +209,16 @@ def test_the_hash_is_its_definition_mod_the_prime_where_an_xor_shift_lands_on_th
         assert x == prime  # its shift in round k is the prime
     x = torch.cat([torch.randint(0, prime, (10_000,), generator=torch.Generator().manual_seed(6)),
                    torch.tensor([0, 1, prime - 1, *landing])])
-    assert torch.equal(deep_conv._mix(x), definition(x))
+    assert torch.equal(hashed_draws._mix(x), definition(x))
 
 
 def _row_noise_by_definition(X, key, size):
     """row_noise as defined: the hash with ``% prime`` after every step, [n, 2 size] uniforms in one block, then
     Box-Muller."""
-    prime = deep_conv._PRIME
+    prime = hashed_draws.PRIME
 
     def mix(x):
-        for a in deep_conv._ROUNDS:
+        for a in hashed_draws._ROUNDS:
             x = (x * a + 12345) % prime
             x = (x ^ (x >> 15)) % prime
         return x
@@ -236,7 +237,7 @@ def test_a_rows_draws_are_their_definition_in_any_blocks(monkeypatch, block):
     definition to the bit; no columns, none."""
     X = torch.randn(3, 7, generator=torch.Generator().manual_seed(5), dtype=F64)
     if block is not None:
-        monkeypatch.setattr(deep_conv, "NOISE_BLOCK", block)
+        monkeypatch.setattr(hashed_draws, "NOISE_BLOCK", block)
     torch.testing.assert_close(row_noise(X, 11, 1_000), _row_noise_by_definition(X, 11, 1_000), rtol=0, atol=0)
     assert row_noise(X, 11, 0).shape == (3, 0)
 

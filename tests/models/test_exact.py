@@ -10,10 +10,10 @@ import torch
 from gpscale import GPRegressor
 from gpscale.linalg import NotPSDError, NumericalWarning, cholesky_in_place
 from gpscale.memory import InsufficientMemoryError, available_bytes, check_fits
-from gpscale.models import _blocked_kernel
-from gpscale.models import exact as exact_module
-from gpscale.models._blocked_kernel import BlockedKernel
-from gpscale.models.exact import ExactGP
+from gpscale.models.exact import blocked_kernel as _blocked_kernel
+from gpscale.models.exact import gp as exact_module
+from gpscale.models.exact.blocked_kernel import BlockedKernel
+from gpscale.models.exact.gp import ExactGP
 
 from conftest import toy_regression
 
@@ -169,7 +169,7 @@ def test_training_sees_a_seeded_subset_of_evidence_rows_and_the_posterior_every_
     rows = [int(torch.nonzero((X == x).all(1))[0]) for x in Xe]
     assert rows == sorted(rows) and torch.equal(ye, y[rows])
     torch.testing.assert_close(m.loss(X, y, 300), -m.log_marginal_likelihood(Xe, ye) / 120)
-    m.init(X, y, seed=1)
+    m.initialise_from_data(X, y, seed=1)
     assert not torch.equal(m.evidence_subset(X, y, 300)[0], Xe)  # the seed draws other rows
     assert model(evidence_rows=None).evidence_subset(X, y, 300)[0] is X
     m.fit_posterior(X, y)

@@ -14,18 +14,19 @@ from gpscale import GPRegressor
 from gpscale.kernels import inverse_softplus
 from gpscale.linalg import NotPSDError
 from gpscale.mcmc import mala
-from gpscale.models import get_model_class, grief_i, grief_i_chains
-from gpscale.models.grief import GRIEF
-from gpscale.models.grief_i_evidence import orthogonal_predict, orthogonalise, reweighted_predict
-from gpscale.models.grief_i import GRIEFI
-from gpscale.models.grief_i_chains import ConvergenceWarning
+from gpscale.models import get_model_class
+from gpscale.models.grief import chains as grief_i_chains, grief_i
+from gpscale.models.grief.grief_ii import GRIEFII
+from gpscale.models.grief.evidence import orthogonal_predict, orthogonalise, reweighted_predict
+from gpscale.models.grief.grief_i import GRIEFI
+from gpscale.models.grief.chains import ConvergenceWarning
 from gpscale.train import fit
 
 F64 = torch.float64
 
 # the short chains here have not converged, and say so; test_unconverged_chains_warn checks the warning
 pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.filterwarnings("ignore::gpscale.models.grief_i_chains.ConvergenceWarning")]
+              pytest.mark.filterwarnings("ignore::gpscale.models.grief.chains.ConvergenceWarning")]
 
 SHORT = dict(n_iterations=240, burn_in=40, thin=10)  # 19 kept samples per chain
 
@@ -43,7 +44,7 @@ def make(model_cls, X, y, lengthscale=(0.7, 0.45), noise=0.05, **options):
     model = model_cls(X.shape[1], outputscale=1.3, noise=noise, **options).double()
     with torch.no_grad():
         model.kernel.raw_lengthscale.copy_(inverse_softplus(torch.tensor(lengthscale, dtype=F64)))
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     return model
 
 
@@ -75,10 +76,10 @@ def random_state(dim, seed=0):
 @pytest.mark.parametrize("n_eigen, jacobian", [(12, True), (30, True), (12, False)])  # 30 > n = 25: eq. 18 holds
 def test_reweighted_target_equals_the_dense_log_posterior(n_eigen, jacobian):
     X, y = toy()
-    model = make(GRIEFI, X, y, n_eigen=n_eigen, solver="reweighted", jacobian=jacobian)
-    solver = model.make_solver(model.statistics(X, y))
-    assert solver.name == "reweighted" and solver.dim == n_eigen
-    target = model.log_target(solver)
+    model = make(GRIEFI, X, y, n_eigen=n_eigen, parametrisation="reweighted", jacobian=jacobian)
+    evidence = model.parametrised_evidence(model.statistics(X, y))
+    assert evidence.name == "reweighted" and evidence.dim == n_eigen
+    target = model.log_target(evidence)
     with torch.no_grad():
         Phi = model.phi(X)
     for seed in (0, 1):
@@ -86,38 +87,38 @@ def test_reweighted_target_equals_the_dense_log_posterior(n_eigen, jacobian):
         expected = dense_log_posterior(x, Phi, y, model.noise0_.item(), jacobian=jacobian)
         assert target(x).item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
     # the start is the prior mode: w = 1 and sigma_0^2
-    torch.testing.assert_close(model.start(solver), torch.cat([torch.zeros(n_eigen, dtype=F64),
+    torch.testing.assert_close(model.start(evidence), torch.cat([torch.zeros(n_eigen, dtype=F64),
                                                                model.noise0_.log().reshape(1)]))
     assert model.noise0_.item() == pytest.approx(0.05, rel=1e-6)  # sigma_0^2 (float32 rounding of the option)
 
 
-def test_reweighted_solver_takes_the_row_space_below_rank_p():
+def test_reweighted_parametrisation_takes_the_row_space_below_rank_p():
     # n = 20 rows: at p = 12 Phi has full column rank (the features' O(p^3) form); at p = 36 (the whole 6 x 6 grid)
     # its rank is 20 < 0.65 p, and eq. 18 is evaluated in the row space: the same target and weight moments
     X, y = toy(20)
     for n_eigen, form in ((12, "features"), (36, "row space")):
-        model = make(GRIEFI, X, y, n_eigen=n_eigen, solver="reweighted")
-        solver = model.make_solver(model.statistics(X, y))
-        assert solver.form == form and solver.dim == n_eigen
+        model = make(GRIEFI, X, y, n_eigen=n_eigen, parametrisation="reweighted")
+        evidence = model.parametrised_evidence(model.statistics(X, y))
+        assert evidence.form == form and evidence.dim == n_eigen
     with torch.no_grad():
         Phi = model.phi(X)
-    target = model.log_target(solver)
+    target = model.log_target(evidence)
     x = random_state(36, 6)
     assert target(x).item() == pytest.approx(dense_log_posterior(x, Phi, y, model.noise0_.item()), rel=1e-9)
     features_form = grief_i._Reweighted(model.statistics(X, y))
     features_form.basis = None
     samples = torch.stack([random_state(36, seed) for seed in (7, 8, 9)]).exp()
-    for a, b in zip(solver.weight_moments(samples[:, :-1], samples[:, -1]),
+    for a, b in zip(evidence.weight_moments(samples[:, :-1], samples[:, -1]),
                     features_form.weight_moments(samples[:, :-1], samples[:, -1])):
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
 
 
-@pytest.mark.parametrize("solver, n_eigen", [("reweighted", 12), ("reweighted", 36), ("orthogonal", 12)])
-def test_a_vectorised_target_gives_every_chain_its_own_value_gradient_and_rejection(solver, n_eigen):
+@pytest.mark.parametrize("parametrisation, n_eigen", [("reweighted", 12), ("reweighted", 36), ("orthogonal", 12)])
+def test_a_vectorised_target_gives_every_chain_its_own_value_gradient_and_rejection(parametrisation, n_eigen):
     X, y = toy(20)
-    model = make(GRIEFI, X, y, n_eigen=n_eigen, solver=solver)
-    chosen = model.make_solver(model.statistics(X, y))
-    assert solver == "orthogonal" or chosen.form == {12: "features", 36: "row space"}[n_eigen]
+    model = make(GRIEFI, X, y, n_eigen=n_eigen, parametrisation=parametrisation)
+    chosen = model.parametrised_evidence(model.statistics(X, y))
+    assert parametrisation == "orthogonal" or chosen.form == {12: "features", 36: "row space"}[n_eigen]
     target = model.log_target(chosen)
     x = torch.stack([random_state(chosen.dim, seed) for seed in (10, 11, 12)])
     x[2, 0] = 800.0  # exp overflows in that chain alone: it alone is rejected
@@ -138,19 +139,19 @@ def test_a_vectorised_target_gives_every_chain_its_own_value_gradient_and_reject
 
 def test_prior_variances_are_options():
     X, y = toy()
-    model = make(GRIEFI, X, y, solver="reweighted", weight_prior_variance=3.0, noise_prior_variance=0.5)
+    model = make(GRIEFI, X, y, parametrisation="reweighted", weight_prior_variance=3.0, noise_prior_variance=0.5)
     with torch.no_grad():
         Phi = model.phi(X)
     x = random_state(12, 2)
     expected = dense_log_posterior(x, Phi, y, model.noise0_.item(), weight_variance=3.0, noise_variance=0.5)
-    assert model.log_target(model.make_solver(model.statistics(X, y)))(x).item() == pytest.approx(expected, rel=1e-9)
+    assert model.log_target(model.parametrised_evidence(model.statistics(X, y)))(x).item() == pytest.approx(expected, rel=1e-9)
 
 
-@pytest.mark.parametrize("solver", ["reweighted", "orthogonal"])
-def test_target_gradient_equals_central_differences_in_the_log_space(solver):
+@pytest.mark.parametrize("parametrisation", ["reweighted", "orthogonal"])
+def test_target_gradient_equals_central_differences_in_the_log_space(parametrisation):
     X, y = toy()
-    model = make(GRIEFI, X, y, solver=solver)
-    target = model.log_target(model.make_solver(model.statistics(X, y)))
+    model = make(GRIEFI, X, y, parametrisation=parametrisation)
+    target = model.log_target(model.parametrised_evidence(model.statistics(X, y)))
     x = random_state(12, 3).requires_grad_(True)
     (grad,) = torch.autograd.grad(target(x), x)
     h = 1e-6
@@ -164,15 +165,15 @@ def test_target_gradient_equals_central_differences_in_the_log_space(solver):
 
 def test_orthogonal_target_equals_the_dense_evidence_on_the_orthogonal_basis():
     X, y = toy()
-    model = make(GRIEFI, X, y, solver="orthogonal")
+    model = make(GRIEFI, X, y, parametrisation="orthogonal")
     with torch.no_grad():
         stats_ = model.statistics(X, y)
-    solver = model.make_solver(stats_)
+    evidence = model.parametrised_evidence(stats_)
     basis = orthogonalise(stats_)
-    assert solver.name == "orthogonal" and solver.dim == basis.s.shape[0] == 12
+    assert evidence.name == "orthogonal" and evidence.dim == basis.s.shape[0] == 12
     with torch.no_grad():
         U = basis.transform(model.phi(X))  # U_s [n, q]
-    target = model.log_target(solver)
+    target = model.log_target(evidence)
     x = random_state(12, 4)
     # the chain's u are the weights relative to s^2: w~ = s^2 u (pitfall 10), so the dense kernel is U_s W~ U_s^T
     x_tilde = torch.cat([x[:-1] + (basis.s**2).log(), x[-1:]])
@@ -180,27 +181,27 @@ def test_orthogonal_target_equals_the_dense_evidence_on_the_orthogonal_basis():
         x_tilde[:-1].exp().numpy())) - (x_tilde[:-1] - x[:-1]).sum().item()  # priors and Jacobian are on u, not w~
     expected = dense_log_posterior(x_tilde, U, y, model.noise0_.item()) + prior_shift
     assert target(x).item() == pytest.approx(expected, rel=1e-9)
-    # at the start (u = 1, i.e. w~ = s^2) it is the w = 1 model: the reweighted solver's target there, for p <= n
-    reweighted = make(GRIEFI, X, y, solver="reweighted")
-    x0 = model.start(solver)
+    # at the start (u = 1, i.e. w~ = s^2) it is the w = 1 model: the reweighted parametrisation's target there, for p <= n
+    reweighted = make(GRIEFI, X, y, parametrisation="reweighted")
+    x0 = model.start(evidence)
     assert target(x0).item() == pytest.approx(
-        reweighted.log_target(reweighted.make_solver(stats_))(x0).item(), rel=1e-9)
+        reweighted.log_target(reweighted.parametrised_evidence(stats_))(x0).item(), rel=1e-9)
 
 
-def test_auto_solver_is_orthogonal_above_a_million_rows(monkeypatch):
+def test_auto_parametrisation_is_orthogonal_above_a_million_rows(monkeypatch):
     X, y = toy()
     model = make(GRIEFI, X, y)
-    assert model.solver == "auto" and model.make_solver(model.statistics(X, y)).name == "reweighted"
+    assert model.parametrisation == "auto" and model.parametrised_evidence(model.statistics(X, y)).name == "reweighted"
     monkeypatch.setattr(grief_i, "ORTHOGONAL_ABOVE", 24)  # n = 25 is now "large"
-    assert model.make_solver(model.statistics(X, y)).name == "orthogonal"
+    assert model.parametrised_evidence(model.statistics(X, y)).name == "orthogonal"
 
 
 # --- rejected proposals -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("solver", ["reweighted", "orthogonal"])
-def test_overflowing_proposals_are_rejected_not_raised(solver):
+@pytest.mark.parametrize("parametrisation", ["reweighted", "orthogonal"])
+def test_overflowing_proposals_are_rejected_not_raised(parametrisation):
     X, y = toy()
-    model = make(GRIEFI, X, y, solver=solver)
-    target = model.log_target(model.make_solver(model.statistics(X, y)))
+    model = make(GRIEFI, X, y, parametrisation=parametrisation)
+    target = model.log_target(model.parametrised_evidence(model.statistics(X, y)))
     x = random_state(12, 5)
     x[0] = 800.0  # exp overflows: the reweighted Cholesky meets inf, the orthogonal evidence is -inf or NaN
     assert target(x).item() == -math.inf
@@ -208,7 +209,7 @@ def test_overflowing_proposals_are_rejected_not_raised(solver):
 
 def test_a_not_psd_evidence_rejects_the_proposal_and_the_chain_goes_on(monkeypatch):
     X, y = toy()
-    model = make(GRIEFI, X, y, solver="reweighted", step_size=1.0, **SHORT)
+    model = make(GRIEFI, X, y, parametrisation="reweighted", step_size=1.0, **SHORT)
     real = grief_i.reweighted_log_likelihood
     calls = {"raised": 0, "nan": 0}
 
@@ -229,10 +230,10 @@ def test_a_not_psd_evidence_rejects_the_proposal_and_the_chain_goes_on(monkeypat
 
 
 # --- prediction ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("solver", ["reweighted", "orthogonal"])
-def test_prediction_is_the_mixture_of_the_per_sample_posteriors(solver):
+@pytest.mark.parametrize("parametrisation", ["reweighted", "orthogonal"])
+def test_prediction_is_the_mixture_of_the_per_sample_posteriors(parametrisation):
     X, y = toy(32)
-    model = make(GRIEFI, X[:25], y[:25], solver=solver, step_size=0.2, **SHORT)
+    model = make(GRIEFI, X[:25], y[:25], parametrisation=parametrisation, step_size=0.2, **SHORT)
     model.fit_posterior(X[:25], y[:25])
     mean, var = model.predict(X[25:])
     stats_ = model.statistics(X[:25], y[:25])
@@ -243,7 +244,7 @@ def test_prediction_is_the_mixture_of_the_per_sample_posteriors(solver):
     parts = []
     for xs in x:
         u, noise = xs[:-1].exp(), xs[-1].exp()
-        if solver == "reweighted":
+        if parametrisation == "reweighted":
             parts.append(reweighted_predict(Phi_s, u, noise, stats_))
         else:
             parts.append(orthogonal_predict(Phi_s, basis.s**2 * u, noise, basis))
@@ -254,22 +255,22 @@ def test_prediction_is_the_mixture_of_the_per_sample_posteriors(solver):
     torch.testing.assert_close(var, variances.mean(0) + between, rtol=1e-8, atol=1e-12)
     # the likelihood's sigma^2 is the posterior mean of sigma^2; sigma_0^2 is kept
     assert model.noise.item() == pytest.approx(x[:, -1].exp().mean().item(), rel=1e-9)
-    assert model.noise0_.item() == pytest.approx(0.05) and model.solver_ == solver
+    assert model.noise0_.item() == pytest.approx(0.05) and model.parametrisation_ == parametrisation
 
 
-@pytest.mark.parametrize("solver", ["reweighted", "orthogonal"])
-def test_a_tight_prior_at_w1_gives_the_type2_posterior_at_the_same_theta(solver):
+@pytest.mark.parametrize("parametrisation", ["reweighted", "orthogonal"])
+def test_a_tight_prior_at_w1_gives_the_type2_posterior_at_the_same_theta(parametrisation):
     X, y = toy(32)
     tight = dict(weight_prior_variance=1e-12, noise_prior_variance=1e-14)
-    model = make(GRIEFI, X[:25], y[:25], solver=solver, **tight, **SHORT)
+    model = make(GRIEFI, X[:25], y[:25], parametrisation=parametrisation, **tight, **SHORT)
     model.fit_posterior(X[:25], y[:25])
-    type2 = make(GRIEF, X[:25], y[:25])
+    type2 = make(GRIEFII, X[:25], y[:25])
     type2.fit_posterior(X[:25], y[:25])
     for a, b in zip(model.predict(X[25:]), type2.predict(X[25:])):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
     assert model.noise.item() == pytest.approx(0.05, rel=1e-5)
     # with a wide prior the weights move and the predictive differs
-    wide = make(GRIEFI, X[:25], y[:25], solver=solver, **SHORT)
+    wide = make(GRIEFI, X[:25], y[:25], parametrisation=parametrisation, **SHORT)
     wide.fit_posterior(X[:25], y[:25])
     assert (wide.predict(X[25:])[1] - type2.predict(X[25:])[1]).abs().max() > 1e-4
 
@@ -279,14 +280,14 @@ def test_regression_matches_type2_with_diagnostics_and_round_trips():
     X, _, y = sine_problem(150, 10)
     X_test, f_test, y_test = sine_problem(200, 11)
     options = dict(n_eigen=30, grid_size=6, init_exact_points=100)
-    type2 = GRIEF(2, **options).double()
+    type2 = GRIEFII(2, **options).double()
     fit(type2, X, y, epochs=10, lr=0.01, progress=False)
     model = GRIEFI(2, n_iterations=600, burn_in=200, thin=10, **options).double()
     result = fit(model, X, y, epochs=3, progress=False, seed=4)
     # no training (trainable = False): theta and sigma_0^2 are the exact GP's, as GRIEF-II's initialisation
     assert result.epochs_run == 0 and not model.trainable
-    initial = GRIEF(2, init_stretch=(1,), **options).double()  # GRIEF-II's default multi-start moves theta
-    initial.init(X, y, seed=4)
+    initial = GRIEFII(2, init_stretch=(1,), **options).double()  # GRIEF-II's default multi-start moves theta
+    initial.initialise_from_data(X, y, seed=4)
     torch.testing.assert_close(model.kernel.lengthscale, initial.kernel.lengthscale, rtol=0, atol=0)
     assert model.noise0_.item() == pytest.approx(initial.noise.item(), rel=1e-12)
     mean, var = model.predict(X_test)
@@ -334,7 +335,7 @@ def test_the_default_step_size_adapts_on_a_chain_over_two_hundred_parameters():
     g = torch.Generator().manual_seed(0)
     X = torch.rand(250, 4, generator=g, dtype=F64) * 4 - 2
     y = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.3 * X[:, 2] + 0.1 * torch.randn(250, generator=g, dtype=F64)
-    model = GRIEFI(4, n_eigen=200, grid_size=6, solver="orthogonal", n_iterations=400, burn_in=200, thin=10).double()
+    model = GRIEFI(4, n_eigen=200, grid_size=6, parametrisation="orthogonal", n_iterations=400, burn_in=200, thin=10).double()
     fit(model, X, (y - y.mean()) / y.std(), progress=False)
     summary = model.mcmc_summary_
     assert model.cache["samples"].shape[-1] > 150  # min(n, p) = 200, less the directions orthogonalise drops
@@ -363,7 +364,7 @@ def test_defaults_follow_the_paper():
     model = GRIEFI(3)
     assert (model.n_eigen, model.grid_size, model.n_iterations, model.burn_in, model.thin) == (1000, 10, 10_000,
                                                                                                1_000, 50)
-    assert (model.n_chains, model.step_size, model.jacobian, model.solver, model.tune) == (2, 0.4, True, "auto",
+    assert (model.n_chains, model.step_size, model.jacobian, model.parametrisation, model.tune) == (2, 0.4, True, "auto",
                                                                                          "burn_in")
     assert model.init_noise == "grief" and model.init_stretch == (1.0,)  # theta: the exact GP's, one start
     assert (model.weight_prior_variance, model.noise_prior_variance) == (100.0, 0.04)
@@ -371,7 +372,7 @@ def test_defaults_follow_the_paper():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(solver="cholesky"), "solver to be one of"),
+    (dict(parametrisation="cholesky"), "parametrisation to be one of"),
     (dict(n_iterations=0), "n_iterations to be an integer >= 2"),
     (dict(n_iterations=100.5), "n_iterations to be an integer"),
     (dict(burn_in=-1), "burn_in to be an integer >= 0"),

@@ -9,9 +9,9 @@ from gpscale import GPRegressor
 from gpscale.kernels import RBF, inverse_softplus
 from gpscale.kernels.harmonic import Negation, harmonic_kernel, harmonic_kernels
 from gpscale.models import get_model_class
-from gpscale.models._gaussian_q import gauss_kl_whitened
-from gpscale.models.hvgp import HVGP
-from gpscale.models.svgp import SVGP
+from gpscale.models.variational.gaussian_q import gauss_kl_whitened
+from gpscale.models.harmonic.hvgp import HVGP
+from gpscale.models.variational.svgp import SVGP
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -291,7 +291,7 @@ def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeyp
     g = torch.Generator().manual_seed(5)
     X = torch.randn(300, 5, generator=g, dtype=F64)
     model = HVGP(5, n_inducing=16, group="pca_negation", n_ways=3).double()  # T = 8 blocks, orbits of S = 8
-    model.init(X, target(X), seed=0)
+    model.initialise_from_data(X, target(X), seed=0)
     features = model.features
     inputs = [features.Z, *features.kernel.parameters()]
 
@@ -301,7 +301,7 @@ def test_features_formed_in_chunks_equal_the_whole_in_value_and_gradient(monkeyp
 
     whole, whole_grad = value_and_gradient()
     row_bytes = features.action.order * 16 * X.element_size()
-    monkeypatch.setattr("gpscale.models.hvgp.KUF_CHUNK_BYTES", rows_per_chunk * row_bytes)
+    monkeypatch.setattr("gpscale.models.harmonic.hvgp.KUF_CHUNK_BYTES", rows_per_chunk * row_bytes)
     chunked, chunked_grad = value_and_gradient()
     torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-14)
     for a, b in zip(chunked_grad, whole_grad):
@@ -316,8 +316,8 @@ def test_features_off_the_cpu_are_formed_in_fewer_chunks(monkeypatch):
     g = torch.Generator().manual_seed(6)
     X = torch.randn(64, 5, generator=g, dtype=F64)
     model = HVGP(5, n_inducing=16, group="pca_negation", n_ways=3).double()  # T = 8 blocks, orbits of S = 8
-    model.init(X, target(X), seed=0)
-    monkeypatch.setattr("gpscale.models.hvgp.KUF_CHUNK_BYTES", 64 * model.features.action.order * 16 * 8)
+    model.initialise_from_data(X, target(X), seed=0)
+    monkeypatch.setattr("gpscale.models.harmonic.hvgp.KUF_CHUNK_BYTES", 64 * model.features.action.order * 16 * 8)
     calls = []
     grams = model.kernel.weighted_grams
     model.kernel.weighted_grams = lambda A, B, W: calls.append(B.shape[0]) or grams(A, B, W)
@@ -412,7 +412,7 @@ def test_12_shared_negation_features_with_a_full_q_are_svgp_on_z_and_minus_z():
 def test_blocks_placed_on_several_devices_give_the_same_elbo_gradients_and_predictions():
     from unittest.mock import patch
 
-    from gpscale.models.hvgp import HarmonicFeatures
+    from gpscale.models.harmonic.hvgp import HarmonicFeatures
 
     g = torch.Generator().manual_seed(5)
     X = torch.randn(64, 2, generator=g, dtype=F64)

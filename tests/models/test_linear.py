@@ -1,4 +1,4 @@
-"""The linear engine (models/_linear.py) against dense formulas: FeatureSpaceGP on a toy feature map, and
+"""The linear engine (models/linear/engine.py) against dense formulas: FeatureSpaceGP on a toy feature map, and
 CollapsedGP through SGPR."""
 import math
 
@@ -8,9 +8,9 @@ from torch import nn
 from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
-from gpscale.models._linear import CollapsedGP, Features, FeatureSpaceGP
-from gpscale.models._weight_space import gram_and_cross_grad
-from gpscale.models.sgpr import SGPR
+from gpscale.models.linear.engine import CollapsedGP, Features, FeatureSpaceGP
+from gpscale.models.linear.weight_space import gram_and_cross_grad
+from gpscale.models.linear.sgpr import SGPR
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -155,7 +155,7 @@ def test_whitened_features_and_their_statistics_whiten_on_the_core(data):
     g = torch.Generator().manual_seed(2)
     L = torch.linalg.cholesky(torch.eye(5, dtype=F64) + 0.3 * torch.ones(5, 5, dtype=F64))
     W = torch.randn(2, 5, generator=g, dtype=F64)
-    features = Features(lambda X: torch.tanh(X @ W), whiten=L)
+    features = Features(lambda X: torch.tanh(X @ W), whitening_factor=L)
     torch.testing.assert_close(features(X), torch.tanh(X @ W) @ torch.linalg.inv(L).T)
 
     class Whitened(CosineFeatures):

@@ -10,9 +10,9 @@ from scipy.stats import multivariate_normal
 
 from gpscale import GPRegressor
 from gpscale.kernels import GPyTorchKernel
-from gpscale.models import softki as softki_module
-from gpscale.models.exact import ExactGP
-from gpscale.models.softki import SoftKI, batch_covariance_solve, hutchinson_pseudo_log_likelihood, softmax_weights
+from gpscale.models.linear import softki as softki_module
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.linear.softki import SoftKI, batch_covariance_solve, hutchinson_pseudo_log_likelihood, softmax_weights
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -437,7 +437,7 @@ def smoke_data():
 def test_20_training_smoke():
     X, y, Xt, yt = smoke_data()
     model = SoftKI(5, n_inducing=64, calibrate_noise=None).double()  # the paper's fixed beta^2 throughout
-    model.init(X, y, seed=0)
+    model.initialise_from_data(X, y, seed=0)
     model.fit_posterior(X, y)
     rmse_untrained = (model.predict(Xt)[0] - yt).pow(2).mean().sqrt().item()
     Z0, noise0 = model.Z.detach().clone(), model.noise.item()
@@ -459,7 +459,7 @@ def test_a_singular_kzz_is_never_factored_in_training_and_the_batch_solve_is_sti
     X = X[:40].repeat(20, 1)  # 40 distinct rows, 800 in all: 64 centres cannot all be distinct
     y = y[:40].repeat(20)
     model = SoftKI(5, n_inducing=64, calibrate_noise=None).double()
-    model.init(X, y, seed=0)
+    model.initialise_from_data(X, y, seed=0)
     with torch.no_grad():
         assert torch.linalg.eigvalsh(model.Kzz()).min() < 1e-12  # singular
     factorisations = []
@@ -497,7 +497,7 @@ def rows_weighted(model, action):
 def test_21_every_full_data_pass_is_chunked():
     X, y, _, _ = smoke_data()
     model = SoftKI(5, n_inducing=32, chunk_size=500, calibrate_noise="variance").double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     rows = rows_weighted(model, lambda: (model.fit_posterior(X, y), model.log_marginal_likelihood(X, y)))
     assert sum(rows) == 3 * 2700 and max(rows) <= 500  # statistics, the mean's QR fit, evidence: 3 passes
 
@@ -506,7 +506,7 @@ def test_21_every_full_data_pass_is_chunked():
 def test_variance_calibration_reads_the_data_once_per_statistic(solver, passes):
     X, y, _, _ = smoke_data()
     model = SoftKI(5, n_inducing=32, chunk_size=500, solver=solver, calibrate_noise="variance").double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     rows = rows_weighted(model, lambda: model.fit_posterior(X, y))
     assert sum(rows) == passes * 2700  # the Cholesky solver takes the trained mean from the same statistics
 
@@ -516,7 +516,7 @@ def test_variance_calibration_reads_the_data_once_per_statistic(solver, passes):
 def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd(solver):
     X, y, Xt, yt = smoke_data()
     fixed = SoftKI(5, n_inducing=32, solver=solver, calibrate_noise=None).double()
-    fixed.init(X, y)
+    fixed.initialise_from_data(X, y)
     calibrated = SoftKI(5, n_inducing=32, solver=solver, calibrate_noise="posterior").double()
     calibrated.load_state_dict(fixed.state_dict())
     fixed.fit_posterior(X, y)
@@ -547,7 +547,7 @@ def test_calibrated_noise_maximises_the_evidence_and_improves_nlpd(solver):
 def test_variance_calibration_keeps_the_trained_mean_and_takes_the_calibrated_variance():
     X, y, Xt, yt = smoke_data()
     models = {mode: SoftKI(5, n_inducing=32, calibrate_noise=mode).double() for mode in (None, "variance", "posterior")}
-    models[None].init(X, y)
+    models[None].initialise_from_data(X, y)
     for model in models.values():
         model.load_state_dict(models[None].state_dict())
         model.fit_posterior(X, y)

@@ -1,15 +1,14 @@
 """The variational engine's two parametrisations of q: whitened, q(v) with u = L v, and unwhitened, q(u) against
 N(0, Kuu), are one model. At corresponding q (m_u = L m_v, S_u = L S_v S_v^T L^T) they have the same ELBO, KL and
-predictive; a natural-gradient step of size one on the full batch reaches the same optimum from either; and a model
-file of the decoupled engine's earlier layout loads."""
+predictive; and a natural-gradient step of size one on the full batch reaches the same optimum from either."""
 import numpy as np
 import pytest
 import torch
 
 from gpscale import GPRegressor
-from gpscale.models.odvgp import ODVGP
-from gpscale.models.sgpr import SGPR
-from gpscale.models.svgp import SVGP
+from gpscale.models.variational.odvgp import ODVGP
+from gpscale.models.linear.sgpr import SGPR
+from gpscale.models.variational.svgp import SVGP
 
 F64 = torch.float64
 
@@ -27,8 +26,8 @@ def pair(X, y, m=9, **options):
     whitened one."""
     whitened = SVGP(2, n_inducing=m, lengthscale=0.4, noise=0.05, **options).double()
     unwhitened = SVGP(2, n_inducing=m, lengthscale=0.4, noise=0.05, whiten=False, **options).double()
-    whitened.init(X, y)
-    unwhitened.init(X, y)
+    whitened.initialise_from_data(X, y)
+    unwhitened.initialise_from_data(X, y)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         unwhitened.features.Z.copy_(whitened.features.Z)
@@ -77,11 +76,9 @@ def test_a_steps_loss_takes_the_kernel_matrices_of_its_natural_gradient_step_and
     shared, _ = pair(X, y)
     fresh, _ = pair(X, y)
     calls = _counting_kernel_calls(shared)
-    shared.natural_gradient_step(X, y, 60)
-    fresh.natural_gradient_step(X, y, 60)
-    fresh._step_kernels = None  # this one forms them again in its loss
-    losses = [model.loss(X, y, 60) for model in (shared, fresh)]
-    assert calls == {"Kuf": 1, "Kff_diag": 1} and shared._step_kernels is None
+    fresh.natural_gradient_step(X, y, 60)  # a step of its own, and a loss that forms them again
+    losses = [shared.training_loss(X, y, 60), fresh.loss(X, y, 60)]
+    assert calls == {"Kuf": 1, "Kff_diag": 1} and shared.step_kernels is None
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-13, atol=0)
     for model, loss in zip((shared, fresh), losses):
         loss.backward()
@@ -103,7 +100,7 @@ def _reference_loss(model, X, y, num_data):
 
 @pytest.mark.parametrize("natural_gradients", [False, True])
 def test_the_whitened_loss_has_the_gradients_of_autograd_through_the_factorisation(data, natural_gradients):
-    """The loss routes K_uu's gradient past its Cholesky factor (linalg.whiten) and skips S's zero triangle
+    """The loss routes K_uu's gradient past its Cholesky factor (linalg.whitened_solve) and skips S's zero triangle
     (linalg.lower_transpose_product); every gradient is autograd's through torch's factorisation and solve."""
     X, y = data[0][:10], data[1][:10]  # the conditional's path (ten rows), not the projection
     model, _ = pair(X, y, m=9, natural_gradients=natural_gradients)
@@ -142,6 +139,8 @@ def test_a_whitened_natural_gradient_step_takes_the_precision_the_last_one_forme
 
 
 def test_a_kernel_matrix_of_the_natural_gradient_step_is_not_taken_after_a_hyperparameter_moved(data):
+    """Kernel matrices are shared within one training step only (VariationalGP.training_step): a loss after a
+    natural-gradient step taken on its own forms its own, and so does a loss on another batch tensor."""
     X, y = data
     model, _ = pair(X, y)
     calls = _counting_kernel_calls(model)
@@ -150,7 +149,6 @@ def test_a_kernel_matrix_of_the_natural_gradient_step_is_not_taken_after_a_hyper
         model.kernel.raw_lengthscale.add_(0.3)
     loss = model.loss(X, y, 60)
     assert calls == {"Kuf": 2, "Kff_diag": 2}
-    model._step_kernels = None
     torch.testing.assert_close(loss, model.loss(X, y, 60), rtol=1e-13, atol=0)
     model.natural_gradient_step(X, y, 60)
     model.loss(X.clone(), y, 60)  # another batch tensor (equal values) forms its own
@@ -185,7 +183,7 @@ def test_one_natural_gradient_step_of_one_reaches_the_optimal_q_unwhitened_too(d
 def test_an_unwhitened_q_starts_at_the_prior(data):
     X, y = data
     model = SVGP(2, n_inducing=6, whiten=False).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     with torch.no_grad():
         torch.testing.assert_close(model.q_sqrt @ model.q_sqrt.T, model.Kuu_operator().to_dense())
         assert model.q_mu.abs().max() == 0 and abs(model.prior_kl().item()) < 1e-9
@@ -213,7 +211,7 @@ def test_the_estimator_trains_saves_and_loads_an_unwhitened_svgp(data, tmp_path)
 def test_the_decoupled_posterior_keeps_the_mean_basis_it_was_fitted_with(data):
     X, y = data
     model = ODVGP(2, n_inducing=6, n_mean_inducing=8).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     with torch.no_grad():
         model.a_gamma.normal_()
     model.fit_posterior(X, y)

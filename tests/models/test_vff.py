@@ -8,8 +8,8 @@ import torch
 from gpscale import GPRegressor
 from gpscale.kernels import AdditiveMatern, Matern, ProductMatern
 from gpscale.kernels.fourier import vff_Kuf, vff_Kuu
-from gpscale.models.exact import ExactGP
-from gpscale.models.vff import VFF, FourierFeatures
+from gpscale.models.exact.gp import ExactGP
+from gpscale.models.fourier.vff import VFF, FourierFeatures
 from gpscale.train import fit
 
 F64 = torch.float64
@@ -155,7 +155,7 @@ def dense_titsias_bound(K, Kuf, Kuu, y, noise):
 def test_8_the_collapsed_bound_equals_the_dense_titsias_bound(structure):
     X, y = problem(60, 2)
     model = VFF(2, n_frequencies=5, structure=structure, lengthscale=0.3, noise=0.05, chunk_size=17).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     with torch.no_grad():
         ours = model.elbo(X, y)
         expected = dense_titsias_bound(model.kernel(X, X), model.features.Kuf(X), model.features.Kuu(), y, model.noise)
@@ -169,7 +169,7 @@ def test_10_the_bound_grows_with_the_frequencies_and_stays_below_the_evidence():
     for F in (3, 10, 40):
         model = VFF(1, n_frequencies=F, kernel=AdditiveMatern(1, nu=1.5, lengthscale=0.2, outputscale=1.0),
                     noise=0.05).double()
-        model.init(X, y)
+        model.initialise_from_data(X, y)
         with torch.no_grad():
             bounds.append(model.elbo(X, y).item())
     with torch.no_grad():
@@ -182,7 +182,7 @@ def test_vff_predicts_like_the_exact_gp_of_its_kernel_when_f_is_large():
     X, y = problem(150, 2)
     kernel = AdditiveMatern(2, nu=1.5, lengthscale=0.3, outputscale=1.0).double()
     model = VFF(2, n_frequencies=60, kernel=kernel, noise=0.02).double()
-    model.init(X, y)
+    model.initialise_from_data(X, y)
     model.fit_posterior(X, y)
     exact = ExactGP(2, kernel=kernel, noise=0.02).double()
     exact.fit_posterior(X, y)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from sklearn.exceptions import NotFittedError
 
-import gpscale.estimator
+import gpscale.estimator.base
 from gpscale import GPClassifier, GPRegressor
 from gpscale.io import FORMAT_VERSION, MAGIC, ModelFileError, read_model_file
 from gpscale.linalg import NotPSDError
@@ -307,7 +307,7 @@ def test_an_interrupted_refit_keeps_the_earlier_model(fitted, monkeypatch):
         raise KeyboardInterrupt
 
     reg = copy.deepcopy(fitted.reg).set_params(x_scaling="minmax")
-    monkeypatch.setattr(gpscale.estimator, "fit", interrupt)  # Ctrl-C in the middle of training
+    monkeypatch.setattr(gpscale.estimator.base, "fit", interrupt)  # Ctrl-C in the middle of training
     with pytest.raises(KeyboardInterrupt):
         reg.fit(fitted.X * 100, fitted.y + 50)
     np.testing.assert_array_equal(reg.predict(fitted.X), fitted.reg.predict(fitted.X))

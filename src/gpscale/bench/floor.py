@@ -33,12 +33,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from .._version import __version__
-from ..defaults import default_dtype
 from ..distributed import LOCAL
 from ..heap import hold_freed_heap, keep_temporaries_on_heap
 from ..io import write_atomically
-from ..models import get_model_class
-from ..train import Shard, _epoch, _Objective, adam
+from ..models import available_methods, get_model_class
+from ..train import Objective, Shard, adam, run_epoch
 
 __all__ = ["FLOOR_PROTOCOL", "FLOOR_DESCRIPTION", "EPOCH_STEPS", "FloorCase", "FLOOR_CASES", "LINALG_FLOPS",
            "count_flops", "count_flops_by_dtype", "count_work", "floor_seconds", "matmul_rate", "operator_seconds",
@@ -197,7 +196,7 @@ def operator_seconds(calls: int = 2000, repeats: int = 5) -> float:
 @dataclass(frozen=True)
 class FloorCase:
     """One method at one size. ``batch_size`` is ignored by full-batch methods (their step is one pass); ``dtype``
-    defaults to the one the estimators give the method (:func:`gpscale.defaults.default_dtype`)."""
+    defaults to the one the estimators give the method (its model class's ``auto_dtype``)."""
 
     method: str
     n: int
@@ -209,7 +208,7 @@ class FloorCase:
 
     def __post_init__(self):
         if not self.dtype:
-            object.__setattr__(self, "dtype", default_dtype(self.method))
+            object.__setattr__(self, "dtype", get_model_class(self.method).auto_dtype)
 
 
 def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtype, seed: int = 0):
@@ -219,7 +218,7 @@ def random_problem(method: str, n: int, d: int, options: dict, dtype: torch.dtyp
     X = 2 * torch.rand(n, d, generator=g, dtype=dtype) - 1
     y = torch.sin(3 * X).sum(1) + 0.1 * torch.randn(n, generator=g, dtype=dtype)
     model = get_model_class(method)(d, **options).to(dtype)
-    model.init(X, y, seed=seed)
+    model.initialise_from_data(X, y, seed=seed)
     return model, X, y, g
 
 
@@ -230,11 +229,11 @@ def trainer_step(model, generator: torch.Generator, lr: float = 1e-3):
     :func:`~gpscale.heap.hold_freed_heap` reuses its pages as fit's steps do)."""
     keep_temporaries_on_heap()
     optimiser = adam(model, lr)
-    objective = _Objective(model)
+    objective = Objective(model)
 
     def step(X, y, batch_size=None):
         rows = X.shape[0]
-        _epoch(model, objective, X, y, optimiser, generator, batch_size or rows, Shard(0, rows, rows), LOCAL)
+        run_epoch(model, objective, X, y, optimiser, generator, batch_size or rows, Shard(0, rows, rows), LOCAL)
 
     return step
 
@@ -287,38 +286,10 @@ def measure(case: FloorCase, rates: dict[str, float], operator_s: float, repeats
 
 
 def _cases() -> tuple[FloorCase, ...]:
-    """Every gradient-trained method at a small size and at its paper protocol's (GP-GRIEF-I samples by MCMC: no
-    gradient step to time). GP-GRIEF starts without its exact-GP initialisation, which is not part of a step."""
-    P = dict(size="paper")
-    S = dict(size="small")
-    additive = {"kernel": "additive_matern32"}
-    return (
-        FloorCase("exact", 500, 8, {}, **S), FloorCase("exact", 2000, 8, {}, **P),
-        FloorCase("sgpr", 2000, 8, {"n_inducing": 128}, **S), FloorCase("sgpr", 13500, 26, {"n_inducing": 512}, **P),
-        FloorCase("svgp", 2000, 8, {"n_inducing": 128}, 256, **S),
-        FloorCase("svgp", 13500, 26, {"n_inducing": 1024}, 1024, **P),
-        FloorCase("softki", 2000, 8, {"n_inducing": 128}, 256, **S),
-        FloorCase("softki", 13500, 26, {"n_inducing": 512}, 1024, **P),
-        FloorCase("grief", 500, 2, {"init_exact_points": 0}, **S),
-        FloorCase("grief", 2000, 6, {"init_exact_points": 0}, **P),
-        FloorCase("dbk", 2000, 8, {}, **S), FloorCase("dbk", 13500, 26, {}, **P),
-        FloorCase("svdbk", 2000, 8, {}, 256, **S), FloorCase("svdbk", 13500, 26, {}, 1024, **P),
-        FloorCase("hvgp", 2000, 8, {"n_inducing": 64}, 256, **S),
-        FloorCase("hvgp", 13500, 26, {"n_inducing": 256}, 1024, **P),
-        FloorCase("conv-svgp", 2000, 64, {"image_shape": (8, 8), "filter_size": 3, "n_inducing": 64}, 64, **S),
-        FloorCase("conv-svgp", 10000, 784, {"image_shape": (28, 28)}, 64, **P),
-        FloorCase("conv-hvgp", 2000, 64, {"image_shape": (8, 8), "filter_size": 3, "n_inducing": 16}, 64, **S),
-        FloorCase("conv-hvgp", 10000, 784, {"image_shape": (28, 28)}, 64, **P),
-        FloorCase("deep-conv-hvgp", 2000, 64, {"image_shape": (8, 8), "filter_sizes": (3, 3), "strides": (1, 1),
-                                               "hidden_channels": 4, "hidden_inducing": 16, "n_inducing": 16}, 64, **S),
-        FloorCase("deep-conv-hvgp", 10000, 784, {"image_shape": (28, 28)}, 64, **P),
-        FloorCase("vff", 2000, 2, {}, **S), FloorCase("vff", 15000, 4, {}, **P),
-        FloorCase("vff-svgp", 2000, 2, {}, 256, **S), FloorCase("vff-svgp", 15000, 4, {}, 1024, **P),
-        FloorCase("odvgp", 2000, 4, {**additive, "n_inducing": 50, "n_mean_inducing": 100}, 400, **S),
-        FloorCase("odvgp", 15641, 17, {**additive, "n_inducing": 100, "n_mean_inducing": 300}, 400, **P),
-        FloorCase("odvff", 2000, 4, {**additive, "n_frequencies": 10, "n_mean_inducing": 100}, 400, **S),
-        FloorCase("odvff", 15641, 17, {**additive, "n_frequencies": 50, "n_mean_inducing": 300}, 400, **P),
-    )
+    """Every registered method at the sizes its class declares (``floor_sizes``: a small one and its paper
+    protocol's; a method without a gradient step to time declares none)."""
+    return tuple(FloorCase(key, size.n, size.d, dict(size.options), size.batch_size, size=name)
+                 for key in available_methods() for name, size in get_model_class(key).floor_sizes.items())
 
 
 FLOOR_CASES = _cases()

@@ -78,7 +78,7 @@ def find_official_code() -> Path:
     """The ``softki_official`` folder (resolved), or :class:`PeerUnavailable` naming every place looked at."""
     folders = candidate_folders()
     for folder in folders:
-        if (folder / FOLDER_NAME / "gp" / "softki" / "model.py").is_file():
+        if (folder / FOLDER_NAME / "gp/softki/model.py").is_file():
             return (folder / FOLDER_NAME).resolve()
     looked = ", ".join(str((folder / FOLDER_NAME).resolve()) for folder in folders)
     raise PeerUnavailable(f"{OFFICIAL_KEY}: the SoftKI authors' code (github danehuang/softki, its gp/softki and "

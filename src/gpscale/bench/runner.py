@@ -36,7 +36,7 @@ from ..data import data_dir as resolve_data_dir
 from ..data import load_dataset
 from ..distributed import LOCAL, Comm
 from ..likelihoods import MULTICLASS
-from ..models import get_model_class
+from ..models import available_methods, get_model_class
 from ..models.base import option_default
 from ..models.inducing import kmeans_centers
 from ..shards import row_blocks
@@ -53,9 +53,6 @@ TRAINING_OPTIONS = ("epochs", "max_steps", "batch_size", "lr", "optimizer", "val
 # library as a user gets it
 ESTIMATOR = "estimator"
 CLASSIFICATION = ("bernoulli", *MULTICLASS)
-# The untimed warm-up run trains one epoch; a method whose work is in its posterior fit (GP-GRIEF-I's MCMC, which
-# epochs do not shorten) also takes these options there.
-WARM_UP_OPTIONS = {"grief-i": {"n_iterations": 60, "burn_in": 20, "thin": 10}}
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -207,13 +204,15 @@ def _on_dataset(spec: MethodSpec, dataset: str, options: dict | None = None) -> 
 
 def _warm_up(specs, dtype, device) -> None:
     """One tiny untimed run of each method, so that one-off costs (imports, thread pools, first-call dispatch)
-    do not land on whichever method happens to run first: one epoch, and ``WARM_UP_OPTIONS``."""
+    do not land on whichever method happens to run first: one epoch, and the method's ``warm_up_options`` (a model
+    class whose work is in its posterior fit, which epochs do not shorten, declares them)."""
     from ..data import load_dataset as load
 
     tiny = load("friedman1", n=200)
     for spec in specs:
         method = spec.options.get("method") if spec.key == ESTIMATOR else spec.key
-        options = {**spec.options, "epochs": 1, **WARM_UP_OPTIONS.get(method, {})}
+        own = get_model_class(method).warm_up_options if method in available_methods() else {}
+        options = {**spec.options, "epochs": 1, **own}
         with warnings.catch_warnings():  # e.g. a short chain's R-hat: nothing about the timed runs
             warnings.simplefilter("ignore")
             run_one(MethodSpec(spec.key, options), tiny, seed=0, dtype=dtype, device=device)

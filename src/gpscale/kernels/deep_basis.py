@@ -1,7 +1,7 @@
 """The deep basis kernel (Zhu, Yuchi & Xie 2025, eq. 4): a network phi: R^d -> R^r outputs r basis functions and
 the kernel is their inner product, ``k(x, x') = phi(x)^T phi(x')``, so ``K_XX = Phi Phi^T`` has rank <= r and the
-prior variance ``k(x, x) = ||phi(x)||^2`` depends on x. The models on it are :mod:`gpscale.models.dbk` and
-:mod:`gpscale.models.svdbk`.
+prior variance ``k(x, x) = ||phi(x)||^2`` depends on x. The models on it are :mod:`gpscale.models.deep_basis.dbk` and
+:mod:`gpscale.models.deep_basis.svdbk`.
 """
 from __future__ import annotations
 
@@ -51,13 +51,8 @@ def cpu_tanh_is_slow() -> bool:
     """Whether torch's CPU ``tanh`` is slower here than ``2 sigmoid(2x) - 1``: where it is Intel MKL's vector tanh
     (torch built with MKL) and MKL does not run its AVX-512 code, which it runs only on Intel processors that have
     AVX-512 and lets ``MKL_ENABLE_INSTRUCTIONS`` turn off. Decided from the processor, not timed, so that a model's
-    numbers do not depend on how busy the machine was when they were first computed.
-
-    Measured on a [1,024, 128] float32 matrix, one thread, torch 2.13: on an Intel Xeon with AVX-512, torch's tanh
-    took 50 us and the sigmoid form 149 (timed under a dispatch mode, DBK's paper-size training step spent 9.8 ms in
-    the sigmoid form's passes; with torch's tanh its step went from 73 to 68-69 ms); the same Xeon with
-    ``MKL_ENABLE_INSTRUCTIONS=AVX2`` 199 against 140 us, with ``SSE4_2`` 338 against 148;
-    on an AMD EPYC (an earlier measurement) 330 against 90 us, as slow as MKL's SSE code on the Xeon."""
+    numbers do not depend on how busy the machine was when they were first computed. MKL's AVX-512 tanh is the
+    faster of the two; its generic code is the slower (the timings are on the Performance page)."""
     if not torch.backends.mkl.is_available() or platform.system() == "Darwin":  # no MKL vector math on macOS
         return False
     allowed = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "AVX512").strip().upper()

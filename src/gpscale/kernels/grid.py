@@ -66,10 +66,10 @@ def se_factor(a: Tensor, b: Tensor, lengthscale: Tensor, hold: bool = False) -> 
 
     With ``hold``, the exponent is held at :func:`~gpscale.kernels.stationary.underflow_cutoff`, as the stationary
     kernels' are (a held entry is flat: its gradient is 0): an exponential below the normal range, and the
-    subnormal numbers it returns, run at a tenth of the speed or less on x86 processors, and a fit of GP-GRIEF on
-    4,000 rows of pol took 2 to 4% of its cross factors' exponents below it. The grid's own small factors are left
-    exact: LAPACK's eigendecomposition failed to converge on a nearly diagonal one whose far entries were held
-    (a lengthscale GP-GRIEF-I sampled)."""
+    subnormal numbers it returns, run at a tenth of the speed or less on x86 processors, and a fit of GP-GRIEF
+    can take some of its cross factors' exponents below it (the GP-GRIEF lab notes give a count). The grid's own
+    small factors are left exact: LAPACK's eigendecomposition can fail to converge on a nearly diagonal one whose
+    far entries are held (as it did at a lengthscale GP-GRIEF-I sampled)."""
     exponent = -0.5 * ((a.unsqueeze(-1) - b.unsqueeze(-2)) / lengthscale) ** 2
     return torch.exp(exponent.clamp_min_(underflow_cutoff(a.dtype)) if hold else exponent)
 
@@ -238,7 +238,7 @@ def grief_features(Kxu: Tensor, Q: Tensor, idxs: Tensor, logl: Tensor) -> Tensor
     one-hot selection S [c, p] the sum over dimensions of the log-magnitudes is one matrix product,
     ``log|R_kept| S``, and the sign is the parity of the negative factors, ``[R_kept < 0] S`` mod 2: O(d n M^2 + n c
     p) at matmul speed (c <= d M, usually a few per dimension), where gathering d [n, p] matrices is bound by memory
-    traffic (5-10 times slower forward and backward at d = 18, p = 1000). An exact zero in some B^(i) contributes
+    traffic, several times slower forward and backward. An exact zero in some B^(i) contributes
     log 1 = 0 and zeroes its entry of Phi through the count ``[R_kept == 0] S``, without NaN (its gradient with
     respect to that entry is then taken as 0, a measure-zero case). Dividing by sqrt(lambda) inside the exponent
     keeps Phi of order 1 where the products themselves over- or underflow.

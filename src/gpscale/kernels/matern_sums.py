@@ -36,10 +36,9 @@ _P = {0.5: (1.0,), 1.5: (1.0, 1.0), 2.5: (1.0, 1.0, 1.0 / 3.0)}
 _Q = {0.5: (1.0,), 1.5: (0.0, 1.0), 2.5: (0.0, 1.0, 1.0)}
 SLOPE = {0.5: -1.0, 1.5: -1.0, 2.5: -1.0 / 3.0}
 
-# Below this many kernel values (D n1 n2) the dense product is the shorter: the sums' forward and backward cost
-# some 1.3-2 ms on a CPU whatever the size (sorting, binary searches, some 40 small operators). Measured forward and
-# backward on two threads: [4, 400, 100] 1.4 ms against the dense 0.9, [17, 400, 100] 2.2 against 1.8,
-# [8, 400, 300] 2.1 against 2.8, [17, 400, 300] 2.6 against 6.2. Not measured on a GPU.
+# Below this many kernel values (D n1 n2) the dense product is the shorter: the sums' forward and backward have a
+# fixed cost whatever the size (sorting, binary searches, some 40 small operators), which the dense product's
+# passes over D n1 n2 values outgrow near this size on a CPU (the timings are on the Performance page).
 DENSE_BELOW = 1_000_000
 
 # Sources within HALF_SPAN of the centre keep e^{+-s} below e^{500} = 1.4e217: with the weights scaled to at most 1

@@ -41,11 +41,9 @@ __all__ = ["PADDINGS", "PatchGeometry", "extract_patches", "ConvKernel", "tick_l
 PADDINGS = ("valid", "same")
 # the largest intermediate a chunked pass builds, in entries: 2^22 (32 MB in float64), as HVGP's chunks
 CHUNK_ENTRIES = 2**22
-# the patch Gram matrices [c, P, P] of one call in ConvKernel.diag, in entries: 2^21 (six 28 x 28 images, P = 576).
-# Measured with the closed-form backward of weighted_self_grams on a 2-core Intel Xeon (2 MB of L2 cache a core;
-# 64 images, float32, forward and backward, median of 9): one image a call 110-115 ms, three 95, six 82-85, twelve
-# 83, 25 102, all 64 136 ms; on one thread one image 169 ms, three to six 133-135, twelve 144. (An earlier
-# implementation, without that backward, on an AMD EPYC had run one image a call faster than twelve.)
+# the patch Gram matrices [c, P, P] of one call in ConvKernel.diag, in entries: 2^21 (six 28 x 28 images, P = 576):
+# enough images a call to spread the per-call cost, few enough that the call's passes stay in a CPU's L2 cache
+# (the timings behind the choice are on the Performance page)
 DIAG_ENTRIES = 2**21
 
 

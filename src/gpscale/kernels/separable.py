@@ -28,8 +28,7 @@ __all__ = ["AdditiveMatern", "ProductMatern"]
 def _differences(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """u = a_d - b_d [D, n1, n2] for A [n1, D] and B [n2, D], z = |u| and e = exp(-z), laid out [D, n1, n2]: from
     A^T and B^T as they are (strided views) torch lays the difference out [n1, n2, D], and every pass after it
-    reduces or reshapes across D's stride; ODVGP's paper step spent 6.7 ms on each sum over a [17, 400, 300]
-    factor so laid out, in a profile. u is held within [-c, c], c minus the
+    reduces or reshapes across D's stride, a slow pattern of memory access. u is held within [-c, c], c minus the
     :func:`~gpscale.kernels.stationary.underflow_cutoff` (29 scaled lengthscales in float32): beyond, exp(-z) and
     the products of its result are slow on x86 processors; a factor held there is flat (its value at |u| = c, at
     most 2.3e-13 times the Matérn polynomial at 29 in float32), with a slope of at most c e^-c per entry."""

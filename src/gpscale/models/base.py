@@ -1,25 +1,27 @@
 """The GPModel contract and the method registry.
 
 A model is a ``torch.nn.Module`` built from keyword options. :func:`gpscale.train.fit` drives any model through
-``init`` → ``loss`` (minimised by Adam) → ``fit_posterior``; ``predict`` then gives the latent posterior in
+``initialise`` → ``loss`` (minimised by Adam) → ``fit_posterior``; ``predict`` then gives the latent posterior in
 chunks, and ``likelihood.predictive`` turns it into the predictive of y.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from ..defaults import FULL_BATCH_TRAINING, MINIBATCH_TRAINING, TrainingDefaults
 from ..device import chunks_on, to_device
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
 from ..likelihoods import LIKELIHOODS, make_likelihood
 from ..memory import check_tensors_fit, check_tensors_fit_once
 
-__all__ = ["GPModel", "PredictiveFactors", "register", "get_model_class", "available_methods", "option_names",
-           "option_default", "NotFittedPosteriorError", "mixture_moments"]
+__all__ = ["GPModel", "PredictiveFactors", "BenchSize", "register", "unregister", "get_model_class",
+           "available_methods", "constructor_parameters", "option_names", "option_default",
+           "NotFittedPosteriorError", "mixture_moments"]
 
 _REGISTRY: dict[str, type["GPModel"]] = {}
 # float64 n* x n* matrices at the peak of the default predict_cov: the prior covariance, E^T E and their difference
@@ -39,6 +41,11 @@ def register(key: str) -> Callable[[type["GPModel"]], type["GPModel"]]:
     return decorate
 
 
+def unregister(key: str) -> None:
+    """Forget the method registered as ``key`` (a user's model registered for a while, as in a test)."""
+    _REGISTRY.pop(key, None)
+
+
 def get_model_class(key: str) -> type["GPModel"]:
     if key not in _REGISTRY:
         raise ValueError(f"Unknown method {key!r}. Available methods: {', '.join(available_methods())}.")
@@ -49,7 +56,7 @@ def available_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _constructors(cls: type["GPModel"]):
+def constructor_parameters(cls: type["GPModel"]):
     """The ``__init__`` parameters of ``cls`` and of its bases down to GPModel, subclass first (a mixin without a
     constructor of its own, such as an engine's algebra, is skipped)."""
     for klass in cls.__mro__:
@@ -59,14 +66,14 @@ def _constructors(cls: type["GPModel"]):
 
 def option_names(cls: type["GPModel"]) -> set[str]:
     """The keyword options of a model class: those its constructor and its bases' constructors declare."""
-    return {p.name for parameters in _constructors(cls) for p in parameters.values()
+    return {p.name for parameters in constructor_parameters(cls) for p in parameters.values()
             if p.kind == p.KEYWORD_ONLY or (p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "n_features"))}
 
 
 def option_default(cls: type["GPModel"], name: str):
     """The default of keyword option ``name``: the first class that declares it decides (a subclass may pass it on
     through ``**kwargs``)."""
-    for parameters in _constructors(cls):
+    for parameters in constructor_parameters(cls):
         if name in parameters:
             return parameters[name].default
     raise KeyError(f"{cls.__name__} has no constructor option {name!r}.")
@@ -77,6 +84,15 @@ def mixture_moments(means: Tensor, variances: Tensor) -> tuple[Tensor, Tensor]:
     ``E[mean]`` and ``E[var] + Var[mean]`` (exactly the moments given when S = 1)."""
     mean = means.mean(0)
     return mean, variances.mean(0) + ((means - mean) ** 2).mean(0)
+
+
+class BenchSize(NamedTuple):
+    """A size at which the FLOP-floor instrument (:mod:`gpscale.bench.floor`) measures a method: n rows of d
+    features, the method's options (never changed), and the rows of a minibatch step (ignored when full batch)."""
+    n: int
+    d: int
+    options: dict = {}
+    batch_size: int = 1024
 
 
 class NotFittedPosteriorError(RuntimeError):
@@ -125,6 +141,9 @@ class GPModel(nn.Module):
     takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
     whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
     skips the optimiser and needs no ``loss``.
+
+    What the library does with a method when the caller does not say is declared here too (commented below), each
+    with a generic default, so that a registered user model is treated as a built-in one.
     """
 
     key: str = ""
@@ -133,23 +152,39 @@ class GPModel(nn.Module):
     batch_coupled: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
+    # old option name -> new, for an option renamed so that each name has one meaning across the methods: the
+    # estimators refuse the old name with a message naming the new one (gpscale.options.check_renamed)
+    renamed_options: ClassVar[dict[str, str]] = {}
     rebuilt_cache: tuple[str, ...] = ()  # cache entries the model forms again when missing: not saved, not copied
+    # how it trains (optimiser, learning rate, batch size, step cap); None: the generic row (training_defaults)
+    default_training: ClassVar[TrainingDefaults | None] = None
+    auto_dtype: ClassVar[str] = "float64"  # what dtype="auto" gives its data-sized work (cores and solves: float64)
+    # options sizing a basis placed at training rows (k-means centres): the estimators cap them at one per row
+    sizes_capped_by_rows: ClassVar[tuple[str, ...]] = ("n_inducing",)
+    # whether a kernel given by name (RBF, Matérn) is stationary on the distance between inputs, so that the
+    # estimators start its lengthscale at the median distance (as start_lengthscale_at_median does for an instance)
+    lengthscale_starts_at_median: ClassVar[bool] = True
+    warm_up_options: ClassVar[dict] = {}  # added to the benchmark's one-epoch warm-up (work epochs do not shorten)
+    floor_sizes: ClassVar[dict[str, BenchSize]] = {}  # "small", "paper": where `bench --protocol floor` measures it
 
-    def __init__(
-        self,
-        n_features: int,
-        *,
-        kernel: str | Kernel = "rbf",
-        ard: bool = True,
-        lengthscale: float | str = SOFTPLUS_ZERO,
-        outputscale: float = SOFTPLUS_ZERO,
-        noise: float = SOFTPLUS_ZERO,
-        learn_noise: bool = True,
-        noise_floor: float = 1e-6,
-        likelihood: str = "gaussian",
-        n_classes: int | None = None,
-        chunk_size: int = 8192,
-    ):
+    @classmethod
+    def training_defaults(cls) -> TrainingDefaults:
+        """How the method trains unless told otherwise: its ``default_training``, else the generic row for its
+        ``full_batch`` (:data:`~gpscale.defaults.FULL_BATCH_TRAINING`, :data:`~gpscale.defaults.MINIBATCH_TRAINING`)."""
+        if cls.default_training is not None:
+            return cls.default_training
+        return FULL_BATCH_TRAINING if cls.full_batch else MINIBATCH_TRAINING
+
+    @classmethod
+    def default_max_steps(cls, n: int, d: int, options: dict) -> int | None:
+        """The step cap of a fit to convergence on n rows of d features with these constructor ``options`` (an option
+        left out takes its default) when the caller gives no ``max_steps``; None: :meth:`training_defaults`'."""
+        return None
+
+    def __init__(self, n_features: int, *, kernel: str | Kernel = "rbf", ard: bool = True,
+                 lengthscale: float | str = SOFTPLUS_ZERO, outputscale: float = SOFTPLUS_ZERO,
+                 noise: float = SOFTPLUS_ZERO, learn_noise: bool = True, noise_floor: float = 1e-6,
+                 likelihood: str = "gaussian", n_classes: int | None = None, chunk_size: int = 8192):
         super().__init__()
         self.n_features = int(n_features)
         self.chunk_size = int(chunk_size)
@@ -175,12 +210,12 @@ class GPModel(nn.Module):
 
     # --- the contract -----------------------------------------------------------------------------------
     def initialise(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
-        """Start training on (X, y): the median-heuristic lengthscale if asked for, then :meth:`init`."""
+        """Start training on (X, y): the median-heuristic lengthscale if asked for, then :meth:`initialise_from_data`."""
         if self.median_lengthscale:
             with torch.no_grad():
                 ls = inverse_softplus(median_distance(X, seed=seed))
                 self.kernel.raw_lengthscale.fill_(ls.item())
-        self.init(X, y, seed)
+        self.initialise_from_data(X, y, seed)
 
     def start_lengthscale_at_median(self) -> bool:
         """Have :meth:`initialise` start the lengthscale(s) at the median distance between training rows (as
@@ -194,7 +229,7 @@ class GPModel(nn.Module):
         processes; call it on every process), where a matrix the fit is sure to form would not fit in memory.
         Default: nothing (a model whose passes over the rows are chunked checks each larger matrix as it forms it)."""
 
-    def init(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
+    def initialise_from_data(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
 
     def loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
@@ -240,12 +275,14 @@ class GPModel(nn.Module):
             var = var + extra
         return mean.to(X.dtype), var.to(X.dtype)
 
-    def natural_gradient_step(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
-                              share: float = 1.0) -> None:
-        """A step on the variational parameters that the optimiser does not see, taken before each of its steps
-        on the same minibatch. Under data parallelism (X, y) are this process's ``share`` of the global batch, and
-        the step must reduce its gradients through ``comm`` so that every process takes the same step. Default:
-        nothing."""
+    def training_loss(self, X: Tensor, y: Tensor, num_data: int, comm: Comm = LOCAL,
+                      share: float = 1.0) -> Tensor:
+        """The loss of one optimiser step on a minibatch, with :meth:`loss`'s arguments; the trainer calls it. A
+        model that moves some parameters by steps the optimiser does not see (the variational engine's
+        natural-gradient steps on q) takes them here, before its loss on the same minibatch; under data
+        parallelism such a step reduces its gradients through ``comm`` so that every process takes the same step.
+        Default: :meth:`loss`."""
+        return self.loss(X, y, num_data, comm, share)
 
     def step_state(self) -> dict[str, Tensor]:
         """What a training step passes on to the next within an epoch beyond the parameters and buffers (default:

@@ -1,8 +1,8 @@
 """Inducing features, the definition both engines take: the covariances between inducing variables u and f.
 
 An :class:`InducingFeatures` module gives ``Kuu()`` [m, m], ``Kuf(X)`` [m, c] and ``Kff_diag(X)`` [c]. The collapsed
-bound (:class:`~gpscale.models._linear.CollapsedGP`) whitens ``Kuf`` into the features of a Bayesian linear model;
-the variational engine (:mod:`gpscale.models._variational`) keeps a q(u) over them. Inducing points (u = f(Z)) are
+bound (:class:`~gpscale.models.linear.engine.CollapsedGP`) whitens ``Kuf`` into the features of a Bayesian linear model;
+the variational engine (:mod:`gpscale.models.variational.engine`) keeps a q(u) over them. Inducing points (u = f(Z)) are
 the common case; Fourier features, harmonic blocks and stacks of several kinds are others.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class InducingFeatures(nn.Module):
 
 
 class InducingPoints(InducingFeatures):
-    """u = f(Z) for inducing inputs Z [m, d] (set by :func:`kmeans_centers` at a model's ``init``)."""
+    """u = f(Z) for inducing inputs Z [m, d] (set by :func:`kmeans_centers` at a model's ``initialise_from_data``)."""
 
     def __init__(self, kernel: Kernel, m: int, d: int, learn: bool = True):
         super().__init__()

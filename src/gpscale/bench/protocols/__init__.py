@@ -47,6 +47,7 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 
 from ...kernels import SOFTPLUS_ZERO
+from ...models import available_methods, get_model_class
 
 __all__ = ["MethodSpec", "Protocol", "PROTOCOLS", "PEER_KEYS", "is_peer", "get_protocol", "register_protocol",
            "read_protocols"]
@@ -103,16 +104,16 @@ PROTOCOLS: dict[str, Protocol] = {}
 
 # The estimators start a stationary kernel's lengthscales at the median distance between training rows unless they
 # are given a lengthscale (gpscale.defaults); the papers, GPyTorch and the models themselves start at softplus(0) =
-# ln 2. Every entry of a gpscale method whose kernel would start at the median (an RBF or Matérn built by name; not
-# the separable Matérns of the Fourier-feature methods, nor a deep basis kernel) is given that start explicitly at
-# registration, so that its recorded options are the estimator call that reproduces the run.
-_NOT_STATIONARY = ("dbk", "svdbk", "vff", "vff-svgp", "odvff")
+# ln 2. Every entry of a gpscale method whose kernel would start at the median (an RBF or Matérn built by name, where
+# its class says ``lengthscale_starts_at_median``: not the separable Matérns of the Fourier-feature methods, nor a
+# deep basis kernel) is given that start explicitly at registration, so that its recorded options are the estimator
+# call that reproduces the run.
 _STATIONARY_KERNELS = ("rbf", "matern12", "matern32", "matern52")
 PAPER_START = {"lengthscale": SOFTPLUS_ZERO}
 
 
 def _with_paper_start(spec: MethodSpec) -> MethodSpec:
-    ours = not (is_peer(spec.key) or spec.key == "estimator" or spec.key in _NOT_STATIONARY)
+    ours = spec.key in available_methods() and get_model_class(spec.key).lengthscale_starts_at_median
     if not ours or "lengthscale" in spec.options or spec.options.get("kernel", "rbf") not in _STATIONARY_KERNELS:
         return spec
     return replace(spec, options={**spec.options, **PAPER_START})

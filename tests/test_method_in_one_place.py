@@ -1,0 +1,91 @@
+"""A method's knowledge is declared on its model class and read through the registry: no module outside the models
+names a method by its key, and a registered user model is treated as a built-in one."""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpscale import GPRegressor
+from gpscale.defaults import TrainingDefaults
+from gpscale.describe import method_defaults
+from gpscale.models import available_methods, get_model_class
+from gpscale.models.base import option_names, register, unregister
+from gpscale.models.variational import SVGP
+from gpscale.train import fit
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
+
+
+def may_name_methods(rel: str) -> bool:
+    """The models, the citations, and the protocol definitions (the files beside bench/protocols/__init__.py)."""
+    return (rel.startswith("models/") or rel == "cite.py"
+            or (rel.startswith("bench/protocols/") and rel != "bench/protocols/__init__.py"))
+
+
+def key_literals(source: str, keys: set[str]) -> list[int]:
+    """The lines of the string literals in ``source`` equal to a key, docstrings excluded."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value in keys and id(node) not in docstrings]
+
+
+def test_no_module_outside_the_models_names_a_method_by_its_key():
+    keys = set(available_methods())
+    found = {rel: lines for path in sorted(PACKAGE.rglob("*.py"))
+             if not may_name_methods(rel := path.relative_to(PACKAGE).as_posix())
+             and (lines := key_literals(path.read_text(), keys))}
+    assert not found, f"method keys named outside the models (declare it on the model class instead): {found}"
+
+
+def test_the_check_sees_a_key_in_code_and_not_in_a_docstring():
+    source = '"""The sgpr method."""\ndef f(method):\n    """Like svgp."""\n    return method == "sgpr"\n'
+    assert key_literals(source, {"sgpr", "svgp"}) == [4]
+
+
+@pytest.mark.parametrize("key", available_methods())
+def test_the_class_says_whether_a_named_kernel_starts_at_the_median_as_its_instances_do(key):
+    cls = get_model_class(key)
+    n_features, images = (64, {"image_shape": (8, 8)}) if "image_shape" in option_names(cls) else (4, {})
+    assert cls(n_features, **images).start_lengthscale_at_median() == cls.lengthscale_starts_at_median
+
+
+OWN = TrainingDefaults("adam", lr=0.037, batch_size=13, max_steps=9)
+
+
+class UsersModel(SVGP):
+    """A user's model: svgp with its own training defaults and float64 under dtype='auto' (svgp's is float32)."""
+
+    default_training = OWN
+    auto_dtype = "float64"
+
+
+@pytest.fixture
+def users_model():
+    register("users-model")(UsersModel)
+    try:
+        yield UsersModel
+    finally:
+        unregister("users-model")
+    assert "users-model" not in available_methods()
+
+
+def test_a_registered_user_model_trains_with_the_defaults_its_class_declares(users_model):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
+    reg = GPRegressor(method="users-model", n_inducing=8, progress=False).fit(X, y)
+    settings = reg.fit_result_.settings
+    assert (settings.optimizer, settings.lr, settings.batch_size, settings.max_steps) == ("adam", 0.037, 13, 9)
+    assert reg.training_["max_steps"] == 9
+    assert reg.dtype_ == torch.float64 and get_model_class("svgp").auto_dtype == "float32"
+    # the trainer, called directly, reads the same row
+    model = users_model(2, n_inducing=8).double()
+    result = fit(model, torch.as_tensor(X), torch.as_tensor(y), progress=False)
+    assert (result.settings.lr, result.settings.batch_size, result.settings.max_steps) == (0.037, 13, 9)
+    rows = {row.name: row.default for row in method_defaults("users-model")}
+    assert rows["lr"] == "`0.037`" and rows["max_steps"] == "`9`" and "float64" in rows["dtype"]

@@ -91,13 +91,17 @@ def test_the_estimator_reports_what_auto_chose_and_why(capsys):
     assert clf.method_ == "svgp" and "classification" in clf.method_reason_
 
 
+# full-batch methods that train with Adam: dbk, whose network's weights L-BFGS leaves far from converged
+FULL_BATCH_ADAM = {"dbk"}
+
+
 def test_every_method_has_a_row_and_full_batch_methods_converge_with_lbfgs():
     for key in available_methods():
         cls = get_model_class(key)
         if not cls.trainable:
             continue
         assert cls.default_training is not None, f"{key} declares no default_training"
-        expected = "lbfgs" if cls.full_batch else "adam"
+        expected = "lbfgs" if cls.full_batch and key not in FULL_BATCH_ADAM else "adam"
         assert resolve_training(cls.training_defaults()).optimizer == expected
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpscale import GPRegressor
-from gpscale.defaults import TrainingDefaults
+from gpscale.defaults import CONVERGENCE, Convergence, TrainingDefaults
 from gpscale.describe import method_defaults
 from gpscale.models import available_methods, get_model_class
 from gpscale.models.base import option_names, register, unregister
@@ -89,3 +89,21 @@ def test_a_registered_user_model_trains_with_the_defaults_its_class_declares(use
     assert (result.settings.lr, result.settings.batch_size, result.settings.max_steps) == (0.037, 13, 9)
     rows = {row.name: row.default for row in method_defaults("users-model")}
     assert rows["lr"] == "`0.037`" and rows["max_steps"] == "`9`" and "float64" in rows["dtype"]
+
+
+class ImpatientModel(SVGP):
+    """A user's model whose plateau rule stops at the first window that does not improve by more than 1e9."""
+
+    default_convergence = Convergence(tol=1e9, minibatch_tol=1e9, patience=1, lr_cuts=0, minibatch_window=1)
+
+
+def test_a_model_trains_to_convergence_by_the_plateau_rule_its_class_declares():
+    rng = np.random.default_rng(1)
+    X = torch.as_tensor(rng.normal(size=(60, 2)))
+    y = torch.sin(X[:, 0]) + 0.1 * torch.as_tensor(rng.normal(size=60))
+    settings = dict(batch_size=20, max_steps=300, lr=0.01, progress=False)
+    impatient = fit(ImpatientModel(2, n_inducing=8).double(), X, y, **settings)
+    assert impatient.converged and impatient.steps == 6  # two windows of one epoch (3 steps) each
+    assert fit(SVGP(2, n_inducing=8).double(), X, y, **settings).steps > 6
+    # an explicit rule still wins over the class's
+    assert fit(ImpatientModel(2, n_inducing=8).double(), X, y, convergence=CONVERGENCE, **settings).steps > 6

@@ -733,7 +733,7 @@ def test_the_library_defaults_scale_the_built_in_network_and_calibrate_dbk_noise
 def test_the_default_network_starts_within_reach_of_the_data():
     """With the paper's unscaled outputs a freshly drawn ResNet's prior variances ||phi(x)||^2 spread over tens, and
     at sigma^2 = 1e-2 the trace penalty starts hundreds of nats a point above the model that ignores the inputs,
-    where L-BFGS (the default optimiser) stalled; scaled by 1/sqrt(r) it starts within a few tens."""
+    where L-BFGS stalled; scaled by 1/sqrt(r) it starts within a few tens."""
     X, y = make_friedman1(1_000, rng=0, d=11)
     X, y = torch.tensor(X, dtype=torch.float32), torch.tensor((y - y.mean()) / y.std(), dtype=torch.float32)
     starts = {}

@@ -12,7 +12,7 @@ from typing import Callable, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..defaults import FULL_BATCH_TRAINING, MINIBATCH_TRAINING, TrainingDefaults
+from ..defaults import CONVERGENCE, FULL_BATCH_TRAINING, MINIBATCH_TRAINING, Convergence, TrainingDefaults
 from ..device import chunks_on, to_device
 from ..distributed import LOCAL, Comm
 from ..kernels import SOFTPLUS_ZERO, Kernel, Stationary, inverse_softplus, make_kernel, median_distance
@@ -158,6 +158,7 @@ class GPModel(nn.Module):
     rebuilt_cache: tuple[str, ...] = ()  # cache entries the model forms again when missing: not saved, not copied
     # how it trains (optimiser, learning rate, batch size, step cap); None: the generic row (training_defaults)
     default_training: ClassVar[TrainingDefaults | None] = None
+    default_convergence: ClassVar[Convergence] = CONVERGENCE  # the plateau rule of its training to convergence
     auto_dtype: ClassVar[str] = "float64"  # what dtype="auto" gives its data-sized work (cores and solves: float64)
     # options sizing a basis placed at training rows (k-means centres): the estimators cap them at one per row
     sizes_capped_by_rows: ClassVar[tuple[str, ...]] = ("n_inducing",)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import data_fingerprint
-from ..defaults import CONVERGENCE, Convergence, resolve_training
+from ..defaults import Convergence, resolve_training
 from ..distributed import LOCAL, Comm, broadcast_state
 from ..heap import hold_freed_heap
 from ..io import check_writable
@@ -53,7 +53,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     comm: Comm = LOCAL,
-    convergence: Convergence = CONVERGENCE,
+    convergence: Convergence | None = None,
     checkpoint_settings: dict | None = None,
     mapped: MappedRows | None = None,
 ) -> FitResult:
@@ -115,7 +115,8 @@ def fit(
             and a ``batch_coupled`` loss (SoftKI) gets the whole gathered batch on every rank. With
             ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
             over all held-out rows.
-        convergence: the plateau rule of training to convergence.
+        convergence: the plateau rule of training to convergence (default: the model class's
+            ``default_convergence``).
         checkpoint_settings: the caller's settings that shape the trained state beyond those of this call (the
             model's key, the dtype, batch size, learning rate, seed, schedule and validation settings): the
             estimator's method options and scaling, names to strings. A checkpoint records both, and a resume with
@@ -129,6 +130,7 @@ def fit(
 
     The posterior is fitted on all of (X, y), the validation rows included.
     """
+    convergence = type(model).default_convergence if convergence is None else convergence
     settings = resolve_training(model.training_defaults(), epochs=epochs, max_steps=max_steps,
                                 optimizer=optimizer, lr=lr, batch_size=batch_size,
                                 watched=val_fraction > 0 or checkpoint is not None)

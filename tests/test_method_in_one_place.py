@@ -1,8 +1,5 @@
 """A method's knowledge is declared on its model class and read through the registry: no module outside the models
 names a method by its key, and a registered user model is treated as a built-in one."""
-import ast
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -14,25 +11,7 @@ from gpscale.models import available_methods, get_model_class
 from gpscale.models.base import option_names, register, unregister
 from gpscale.models.variational import SVGP
 from gpscale.train import fit
-
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gpscale"
-
-
-def may_name_methods(rel: str) -> bool:
-    """The models, the citations, and the protocol definitions (the files beside bench/protocols/__init__.py)."""
-    return (rel.startswith("models/") or rel == "cite.py"
-            or (rel.startswith("bench/protocols/") and rel != "bench/protocols/__init__.py"))
-
-
-def key_literals(source: str, keys: set[str]) -> list[int]:
-    """The lines of the string literals in ``source`` equal to a key, docstrings excluded."""
-    tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)}
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and node.value in keys and id(node) not in docstrings]
-
+from tools.house_metrics import PACKAGE, key_literals, may_name_methods
 
 def test_no_module_outside_the_models_names_a_method_by_its_key():
     keys = set(available_methods())

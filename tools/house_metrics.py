@@ -52,8 +52,16 @@ def registry_keys() -> set[str]:
     return set(available_methods())
 
 
-def key_literals(path: Path, keys: set[str]) -> list[int]:
-    tree = ast.parse(path.read_text())
+def may_name_methods(rel: str) -> bool:
+    """Whether the module at ``rel`` (relative to the package) may name a method by its registry key: the models,
+    the citations, and the protocol definitions (the files beside bench/protocols/__init__.py)."""
+    return (rel.startswith("models/") or rel == "cite.py"
+            or (rel.startswith("bench/protocols/") and rel != "bench/protocols/__init__.py"))
+
+
+def key_literals(source: str, keys: set[str]) -> list[int]:
+    """The lines of the string literals in ``source`` equal to one of ``keys``, docstrings excluded."""
+    tree = ast.parse(source)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr)}
@@ -61,28 +69,37 @@ def key_literals(path: Path, keys: set[str]) -> list[int]:
             and n.value in keys and id(n) not in docstrings]
 
 
-def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str]]]:
-    """Module -> the gpscale modules it imports at run time; and every (module, name) of a private name imported."""
+def module_names() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its ``__init__.py``)."""
     names = {}
     for rel, path in modules().items():
         parts = ("gpscale/" + rel).removesuffix(".py").split("/")
-        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (path, parts[-1] == "__init__")
-    graph, private = {}, []
-    for name, (path, is_package) in names.items():
-        package = name.split(".") if is_package else name.split(".")[:-1]
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """Module -> the gpscale modules it imports at run time (imports under ``if TYPE_CHECKING:`` excluded); and
+    module -> the private names (``_x``, by their full dotted name) it imports from other modules."""
+    names = module_names()
+    graph, private = {}, {}
+    for name, path in names.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
                 node.body = []
-        edges = set()
+        edges, private[name] = set(), []
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gpscale")):
                 base = package[: len(package) - node.level + 1] if node.level else []
                 target = ".".join(base + ([node.module] if node.module else []))
                 subs = {f"{target}.{a.name}" for a in node.names} & set(names)
-                edges |= subs or {target}
-                private += [(name, f"{target}.{a.name}") for a in node.names
-                            if a.name.startswith("_") and not a.name.startswith("__")]
+                edges |= subs or {target}  # ``from pkg import submodule`` imports the submodule
+                private[name] += [f"{target}.{a.name}" for a in node.names
+                                  if a.name.startswith("_") and not a.name.startswith("__")]
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name.startswith("gpscale")}
         graph[name] = {m for m in edges if m in names and m != name}
     return graph, private
 
@@ -112,10 +129,9 @@ def main() -> None:
     keys = registry_keys()
     literal_count = 0
     for rel, path in mods.items():
-        if rel.startswith("models/") or rel == "cite.py" or (rel.startswith("bench/protocols/")
-                                                              and rel != "bench/protocols/__init__.py"):
+        if may_name_methods(rel):
             continue
-        lines = key_literals(path, keys)
+        lines = key_literals(path.read_text(), keys)
         if lines:
             literal_count += len(lines)
             print(f"  keys in {rel}: lines {lines}")
@@ -131,15 +147,16 @@ def main() -> None:
     if "-v" in sys.argv:
         for rel, line in measured:
             print(f"  measured {rel}: {line[:110]}")
-        for module, name in private:
-            print(f"  private import in {module}: {name}")
+        for module, names in private.items():
+            for name in names:
+                print(f"  private import in {module}: {name}")
     print(f"modules over {MAX_LINES} lines: {len(long)} {sorted(long.items(), key=lambda kv: -kv[1])}")
     print(f"registry keys outside models/: {literal_count}")
     print(f"docstring and comment lines citing measurements: {len(measured)}")
     print(f"docstrings and comments in models/: {docs_models / nonblank_models:.0%} "
           f"({docs_models} of {nonblank_models} non-blank lines)")
     print(f"import cycles: {len(found)} {found}")
-    print(f"private names imported from another module: {len(private)}")
+    print(f"private names imported from another module: {sum(map(len, private.values()))}")
 
 
 if __name__ == "__main__":

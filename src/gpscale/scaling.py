@@ -37,7 +37,7 @@ SCALINGS = ("standard", "minmax", "center", "none")
 # value among n targets inflates their standard deviation about 1000 / sqrt(n) times
 OUTLIER_THRESHOLD = 1000.0
 _MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample times this is its standard deviation
-# rows taken at a time into the statistics (a float64 block of 16 features: 8 MB)
+# rows taken at a time into the statistics: a block small beside the data, large enough to amortise each merge
 BLOCK_ROWS = 65_536
 
 

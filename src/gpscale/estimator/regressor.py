@@ -44,7 +44,7 @@ class GPRegressor(RegressorMixin, GPEstimator):
         ``"grief"``, ``"grief-i"``, ``"dbk"``, ``"svdbk"``, ``"hvgp"``, ``"vff"``, ``"vff-svgp"``, ``"odvgp"``,
         ``"odvff"``, and for images ``"conv-svgp"``, ``"conv-hvgp"``, ``"deep-conv-hvgp"``), or ``"auto"``: the
         exact GP over every row while its Cholesky factor (8 n^2 bytes, n^3 / 3 operations) fits the device's free
-        memory and a budget of work (about 46,000 rows on a 24 GB machine), by the iterative solver on a GPU
+        memory and a budget of work, by the iterative solver on a GPU
         beyond, then SGPR (512 inducing points, full batch) while a pass over the data costs at most that of
         50,000 rows of 20 features, SVGP beyond (:func:`gpscale.models.auto.choose_method`). ``method_`` says what was
         fitted and ``summary()`` why.
@@ -92,7 +92,7 @@ class GPRegressor(RegressorMixin, GPEstimator):
     seed : int, default=0
     dtype : {"auto", "float64", "float32"} or a torch or numpy float dtype, default="auto"
         The dtype of the data-sized work; every m x m (or p x p) core and every solve runs in float64 whatever
-        it is. "auto": float32 for the methods where it measured faster at the same accuracy (svgp, softki, hvgp,
+        it is. "auto": float32 for the methods that are faster in it at the same accuracy (svgp, softki, hvgp,
         odvgp, odvff, svdbk, dbk and the convolutional models: each model class's ``auto_dtype``), float64 for the
         others; ``dtype_`` says which a fit used.
     device : str, default="cpu"

@@ -39,8 +39,8 @@ def choose_method(n: int, d: int, task: str = "regression", n_inducing: int | No
       ``AUTO_ITERATIVE_PRODUCTS`` n^2 kernel entries are at most the device's ``AUTO_ITERATIVE_MAX_ENTRIES``;
     - ``sgpr`` while n m (m + d) <= 50,000 x 512 x 532 (m = min(512, n)), the collapsed bound, each of whose
       L-BFGS steps is one pass over the data; its steps are capped at 1.1e12 / (n m (m + d)) (at most the method's
-      1,000; :meth:`SGPR.default_max_steps <gpscale.models.linear.SGPR.default_max_steps>`), the passes that take
-      about 4 minutes on a 2-core CPU;
+      1,000; :meth:`SGPR.default_max_steps <gpscale.models.linear.SGPR.default_max_steps>`): a fixed budget of
+      work, so that a default fit ends in minutes whatever n;
     - beyond: ``svgp``, minibatch Adam, whose steps cost the same whatever n.
     """
     if task == "classification":

@@ -28,11 +28,10 @@ feature weights beta (``f(x) = phi(x)^T beta``) is Gaussian, ``N(P^{-1} r, sigma
     mean = phi*^T m,   var f* = phi*^T C phi*,   m = mean_s m_s,   C = mean_s sigma_s^2 P_s^{-1} + cov_s(m_s),
 
 i.e. the mean of the per-sample variances plus the variance of the per-sample means, exactly. The cache holds m
-[p] and C [p, p] only: O(p^2) memory whatever S (per-sample Cholesky factors would take S p^2 float64 numbers,
-358 x 1000^2 x 8 bytes = 2.9 GB for the paper's 358 samples at p = 1000), and prediction costs what
-GP-GRIEF-II's does. After :meth:`fit_posterior` the likelihood's sigma^2 is the posterior mean of sigma^2, so
-``likelihood.predictive`` adds E[sigma^2] and gives the mixture's variance of y* too; sigma_0^2 stays in the
-buffer ``noise0_``.
+[p] and C [p, p] only: O(p^2) memory whatever S (per-sample Cholesky factors would take S p^2 numbers, S times
+the cache's), and prediction costs what GP-GRIEF-II's does. After :meth:`fit_posterior` the likelihood's
+sigma^2 is the posterior mean of sigma^2, so ``likelihood.predictive`` adds E[sigma^2] and gives the mixture's
+variance of y* too; sigma_0^2 stays in the buffer ``noise0_``.
 """
 from __future__ import annotations
 

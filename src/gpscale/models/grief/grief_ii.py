@@ -7,8 +7,8 @@ points (m up to 10^33), truncated to its top p eigenfunctions (eqs. 3, 4):
 
 computed in O(d n p) with Kronecker and Khatri-Rao algebra (Algorithm 1, Theorem 2; :mod:`gpscale.kernels.grid`).
 With weights ``w ~ N(0, I_p)`` it is a Bayesian linear model, so everything runs on the linear engine
-(:mod:`gpscale.models.linear.engine`) with ``B = I + A / sigma^2`` and ``A = Phi^T Phi``, ``r = Phi^T y``: the evidence (eq. 18 with
-W = I) and the predictive
+(:mod:`gpscale.models.linear.engine`) with ``B = I + A / sigma^2`` and ``A = Phi^T Phi``, ``r = Phi^T y``: the
+evidence (eq. 18 with W = I) and the predictive
 
     mean = phi*^T P^{-1} r,     var f* = sigma^2 phi*^T P^{-1} phi*,     P = sigma^2 I + A = sigma^2 B.
 
@@ -104,9 +104,9 @@ class GRIEFII(FeatureSpaceGP):
             (default True) gives one lengthscale per dimension; the outputscale is s_f^2, applied once.
         **kwargs: ``lengthscale``, ``outputscale``, ``ard``, ``noise``, ``learn_noise``, ``noise_floor`` and
             ``chunk_size`` of :class:`GPModel`, whose default here is 2,048 rows: a chunk of p = 1,000 float64
-            features (2,048 x 1,000 x 8 bytes) then stays below glibc's largest threshold for mapping an
-            allocation afresh, so its temporaries reuse memory already mapped instead of each faulting in new
-            pages, as they do at the engine's larger default.
+            features then stays below glibc's largest threshold for mapping an allocation afresh, so its
+            temporaries reuse memory already mapped instead of each faulting in new pages, as they do at the
+            engine's larger default.
     """
 
     residual_evidence = True

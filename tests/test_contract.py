@@ -34,8 +34,10 @@ TINY = {
     "svgp": {"n_inducing": 16},
     "softki": {"n_inducing": 16},
     "grief": {"n_eigen": 20, "grid_size": 6, "init_exact_points": 40, "init_iterations": 10, "init_stretch": (1.0,)},
-    "grief-i": {"n_eigen": 20, "grid_size": 6, "init_exact_points": 40, "init_iterations": 10, "n_iterations": 60,
-                "burn_in": 20, "thin": 5},
+    # MALA, not the default HMC: HMC's leapfrog trajectories amplify the round-off of another chunk order or of
+    # float32 into chains that differ by Monte Carlo error, beyond the chunk-size and float32 tests' tolerances
+    "grief-i": {"n_eigen": 20, "grid_size": 6, "init_exact_points": 40, "init_iterations": 10, "sampler": "mala",
+                "n_iterations": 60, "burn_in": 20, "thin": 5},
     "dbk": {"n_basis": 8, "width": 16, "lr": 0.01},
     "svdbk": {"n_basis": 8, "width": 16, "lr": 0.01},
     "hvgp": {"n_inducing": 5, "n_ways": 1},

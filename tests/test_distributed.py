@@ -50,9 +50,10 @@ METHODS = {
     # the noise starts at the exact GP's optimum, not at the GRIEF evidence's, whose zero gradient Adam's
     # normalised first step would turn from round-off into a step of size lr (measured: 3e-3 apart in raw noise)
     "grief": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5, init_noise="exact"),
-    # no training: MALA on the all-reduced statistics, seeded alike on every rank
-    "grief-i": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5, n_iterations=200, burn_in=50,
-                    thin=5, n_chains=1),
+    # no training: MALA on the all-reduced statistics, seeded alike on every rank (not the default HMC, whose
+    # trajectories amplify the all-reduce's round-off into chains that differ by Monte Carlo error)
+    "grief-i": dict(n_eigen=12, grid_size=6, init_exact_points=40, init_iterations=5, sampler="mala",
+                    n_iterations=200, burn_in=50, thin=5, n_chains=1),
     # one-pixel-high images of D pixels: inducing patches by k-means on rank 0, broadcast
     "conv-svgp": dict(n_inducing=4, image_shape=(1, D), filter_size=(1, 1)),
     "conv-hvgp": dict(n_inducing=3, image_shape=(1, D), filter_size=(1, 2)),

@@ -12,11 +12,13 @@ from gpscale.mcmc import (
     LogNormal,
     SoftplusTransform,
     effective_sample_size,
+    hmc,
     kept_iterations,
     mala,
     split_rhat,
     transformed_log_target,
 )
+from gpscale.mcmc.hamiltonian import metric_windows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -290,6 +292,120 @@ def test_bad_targets_and_starting_points_are_clear_errors():
     with pytest.raises(ValueError, match=r"map \[C, D\] to \[C\]"):
         mala(lambda x: -(x**2).sum(), torch.zeros(2, dtype=f64), n_iterations=10, burn_in=1, thin=1,
              vectorized=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HMC: invariance, adaptation, rejection
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def correlated_gaussian(scales=(1.0, 0.3, 3.0), correlation=0.8):
+    """A mean and covariance with unequal scales and correlated neighbours."""
+    D = len(scales)
+    corr = torch.tensor([[correlation ** abs(i - j) for j in range(D)] for i in range(D)], dtype=f64)
+    sd = torch.tensor(scales, dtype=f64)
+    return torch.linspace(-1.0, 2.0, D, dtype=f64), corr * sd[:, None] * sd
+
+
+def assert_moments_within_monte_carlo_error(samples, mean, cov):
+    """Every mean and (co)variance within 4.5 Monte Carlo standard errors, the errors from the chains' own ESS."""
+    draws = samples.reshape(-1, samples.shape[-1])
+    ess = torch.as_tensor(effective_sample_size(samples), dtype=f64)
+    sd = cov.diagonal().sqrt()
+    assert ((draws.mean(0) - mean).abs() <= 4.5 * sd / ess.sqrt()).all(), (draws.mean(0), mean, ess)
+    # the sample covariance's standard error: sqrt((S_ii S_jj + S_ij^2) / ESS) for a Gaussian
+    ess_pair = torch.minimum(ess[:, None], ess[None, :])
+    se = ((cov.diagonal()[:, None] * cov.diagonal()[None, :] + cov**2) / ess_pair).sqrt()
+    assert ((torch.cov(draws.T) - cov).abs() <= 4.5 * se).all(), (torch.cov(draws.T), cov, ess)
+
+
+@pytest.mark.parametrize("tune, step_size", [("burn_in", 0.1), ("never", 0.26)])
+def test_hmc_leaves_a_correlated_gaussian_invariant(tune, step_size):
+    # "never": a fixed step whose leapfrog error is large (about half the proposals rejected), so that only a right
+    # accept/reject step gives the right moments (accepting every proposal roughly doubles the variances); "burn_in":
+    # the adapted step and mass matrix
+    mean, cov = correlated_gaussian()
+    res = hmc(gaussian_target(mean, cov), torch.zeros(3, dtype=f64), n_iterations=2500, burn_in=500, thin=1,
+              n_leapfrog=5, step_size=step_size, tune=tune, n_chains=4, vectorized=True, seed=0)
+    assert res.samples.shape == (4, 1999, 3) and res.log_target.shape == (4, 1999)
+    torch.testing.assert_close(res.log_target, gaussian_target(mean, cov)(res.samples))
+    assert_moments_within_monte_carlo_error(res.samples, mean, cov)
+    assert (split_rhat(res.samples) < 1.02).all()
+    if tune == "never":
+        assert ((res.acceptance_rate > 0.2) & (res.acceptance_rate < 0.8)).all(), res.acceptance_rate
+    else:
+        assert ((res.acceptance_rate > 0.65) & (res.acceptance_rate < 0.95)).all(), res.acceptance_rate
+
+
+def test_hmc_adapts_its_step_and_mass_matrix_to_scales_a_hundredfold_apart():
+    # 300 independent coordinates with sds from 0.02 to 2: one step for all would need 100 times more leapfrog steps
+    # for the widest; the adapted mass matrix puts every coordinate on its own scale
+    sd = torch.logspace(math.log10(0.02), math.log10(2.0), 300, dtype=f64)
+
+    def log_target(x):
+        return -0.5 * ((x / sd) ** 2).sum(-1)
+
+    res = hmc(log_target, torch.zeros(300, dtype=f64), n_iterations=400, burn_in=200, thin=1, n_leapfrog=8,
+              n_chains=4, vectorized=True, seed=1)
+    assert ((res.acceptance_rate > 0.6) & (res.acceptance_rate < 0.97)).all(), res.acceptance_rate
+    assert (split_rhat(res.samples) < 1.1).all() and (split_rhat(res.samples, rank_normalize=True) < 1.1).all()
+    ratio = res.flat_samples.std(0) / sd
+    assert ((ratio > 0.75) & (ratio < 1.25)).all(), ratio
+    assert (res.step_size == res.step_size[0]).all() and res.step_size[0] > 0.1  # shared by the chains
+
+
+def test_metric_windows_follow_stans_schedule():
+    assert metric_windows(1000) == [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
+    assert metric_windows(200) == [(30, 51), (51, 93), (93, 180)]
+    assert metric_windows(19) == []
+    for burn_in in (20, 57, 200, 333, 5000):
+        windows = metric_windows(burn_in)
+        assert all(a < b for a, b in windows) and all(w[1] == v[0] for w, v in zip(windows, windows[1:]))
+        assert windows[-1][1] == burn_in - min(50, int(0.1 * burn_in))
+
+
+def test_hmc_is_reproducible_and_the_same_vectorised_or_looped():
+    mean = torch.tensor([0.3, -0.7], dtype=f64)
+
+    def looped(x):
+        return -0.5 * ((x - mean) ** 2).sum() - 0.1 * (x**4).sum()
+
+    def batched(x):
+        return -0.5 * ((x - mean) ** 2).sum(-1) - 0.1 * (x**4).sum(-1)
+
+    kw = dict(n_iterations=120, burn_in=40, thin=2, n_leapfrog=4, n_chains=3, init_jitter=0.5, seed=2)
+    a, b = hmc(looped, torch.zeros(2, dtype=f64), **kw), hmc(batched, torch.zeros(2, dtype=f64), vectorized=True, **kw)
+    torch.testing.assert_close(a.samples, b.samples)
+    torch.testing.assert_close(a.step_size, b.step_size)
+    assert torch.equal(hmc(looped, torch.zeros(2, dtype=f64), **kw).samples, a.samples)
+    assert not torch.equal(hmc(looped, torch.zeros(2, dtype=f64), **{**kw, "seed": 3}).samples, a.samples)
+    assert not torch.equal(a.samples[0], a.samples[1])
+
+
+def test_hmc_rejects_trajectories_that_leave_the_support():
+    def log_target(x):  # NaN beyond x = 0.5 and +inf below -0.5 (a broken target): the chain must stay inside
+        lp = -0.5 * (x**2).sum(-1)
+        lp = torch.where(x[:, 0] < 0.5, lp, torch.full_like(lp, math.nan))
+        return torch.where(x[:, 0] > -0.5, lp, torch.full_like(lp, math.inf))
+
+    res = hmc(log_target, torch.zeros(1, dtype=f64), n_iterations=300, burn_in=50, thin=1, n_leapfrog=4,
+              step_size=0.3, tune="never", n_chains=2, vectorized=True, seed=0)
+    assert torch.isfinite(res.samples).all() and (res.samples.abs() < 0.5).all()
+    assert ((res.acceptance_rate < 0.9) & (res.acceptance_rate > 0)).all()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_leapfrog=0), "n_leapfrog"),
+    (dict(tune="always"), r"tune to be one of \('burn_in', 'never'\) for HMC"),
+    (dict(step_size=-1.0), "step_size"),
+    (dict(n_iterations=100, burn_in=99), "burn_in < n_iterations"),
+    (dict(init_jitter=math.nan), "init_jitter"),
+])
+def test_bad_hmc_arguments_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hmc(lambda x: -(x**2).sum(), torch.zeros(2, dtype=f64), **kwargs)
+    with pytest.raises(ValueError, match="not finite at the starting point"):
+        hmc(lambda x: torch.log(x).sum(), -torch.ones(2, dtype=f64), n_iterations=10, burn_in=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------

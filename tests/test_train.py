@@ -1,5 +1,6 @@
 import math
 import warnings
+from dataclasses import replace
 from unittest.mock import patch
 
 import numpy as np
@@ -14,6 +15,7 @@ from gpscale.linalg import NotPSDError
 from gpscale.models.linear.sgpr import SGPR
 from gpscale.models.variational.svgp import SVGP
 from gpscale.defaults import Convergence
+from gpscale.distributed import LOCAL
 from gpscale.models import get_model_class
 from gpscale.train import TrainingError, fit, progress_bar
 from gpscale.train.convergence import Plateau, lbfgs_plateaued
@@ -360,6 +362,50 @@ def test_adam_to_convergence_can_watch_the_validation_nlpd_and_keeps_the_best():
     assert checked and all((h["epoch"] + 1) % 2 == 0 for h in checked)  # 160 rows: windows of 2 epochs
     best = min(checked, key=lambda h: h["val_nlpd"])
     assert result.converged and result.best_epoch == best["epoch"]
+
+
+def test_a_validation_split_over_processes_is_the_one_process_split_of_the_concatenated_rows():
+    from gpscale.distributed import LocalComm
+    from gpscale.train.validation import validation_split
+
+    class RankOfThree(LocalComm):  # shards of 40, 25 and 35 rows
+        world_size = 3
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def all_gather(self, tensor):
+            return torch.tensor([40, 25, 35])
+
+    X, y = toy_regression(n=100)
+    whole = validation_split(X, y, 0.2, torch.Generator().manual_seed(5))
+    bounds = [0, 40, 65, 100]
+    parts = [validation_split(X[a:b], y[a:b], 0.2, torch.Generator().manual_seed(5), RankOfThree(rank))
+             for rank, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    for i, expected in enumerate(whole):
+        torch.testing.assert_close(torch.cat([part[i] for part in parts]), expected, rtol=0, atol=0)
+    assert whole[2].shape[0] == 20 and whole[0].shape[0] == 80
+    fit_rows = {tuple(row) for row in whole[0].tolist()}
+    assert not fit_rows & {tuple(row) for row in whole[2].tolist()}
+    assert whole[0].tolist() == [row for row in X.tolist() if tuple(row) in fit_rows]  # the rows keep their order
+
+
+def test_a_method_holds_out_its_default_share_of_the_rows_only_when_training_to_convergence():
+    X, y = toy_regression(n=100)
+    seen = []
+
+    class HoldsOut(SGPR):
+        default_training = replace(SGPR.default_training, val_fraction=0.25)
+        default_convergence = Convergence(watch_validation=False)
+
+        def calibrate_on_held_out(self, X_fit, y_fit, X_held, y_held, comm=LOCAL):
+            seen.append((X_fit.shape[0], X_held.shape[0]))
+
+    fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, progress=False)
+    assert seen == [(75, 25)]  # once, after training: no validation passes while converging
+    fit(HoldsOut(2, n_inducing=5).double(), X, y, epochs=2, progress=False)
+    fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, val_fraction=0, progress=False)
+    assert seen == [(75, 25)]
 
 
 def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_global_rows_beyond(monkeypatch):

@@ -94,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default=None, choices=["adam", "lbfgs"],
                    help="default: lbfgs for full-batch methods trained to convergence, else adam")
     p.add_argument("--kernel", default=None, help="default: the method's (rbf; matern32 for vff)")
-    p.add_argument("--val-fraction", type=float, default=0.0)
+    p.add_argument("--val-fraction", type=float, default=None,
+                   help="default: the method's (0 but for dbk and softki: 0.1 when training to convergence)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=["auto", "float64", "float32"],
                    help="default: auto, float32 for the methods where it measured as accurate and faster "

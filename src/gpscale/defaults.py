@@ -35,7 +35,7 @@ from dataclasses import dataclass
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "FULL_BATCH_TRAINING", "MINIBATCH_TRAINING",
            "resolve_training", "Training", "AUTO_EXACT_MAX_N", "AUTO_EXACT_MAX_FLOPS", "AUTO_ITERATIVE_MAX_ENTRIES",
            "AUTO_ITERATIVE_PRODUCTS", "AUTO_INDUCING", "AUTO_COLLAPSED_MAX_WORK", "CHOLESKY_MEMORY_FRACTION",
-           "SGPR_WORK_BUDGET", "EXACT_EVIDENCE_BUDGET"]
+           "SGPR_WORK_BUDGET", "EXACT_EVIDENCE_BUDGET", "HELD_OUT_MAX_ROWS"]
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,23 @@ class TrainingDefaults:
         batch_size: rows per Adam step (minibatch methods; full-batch methods use every row).
         max_steps: the cap of training to convergence, in optimiser steps (Adam steps, or L-BFGS iterations and
             evaluations of the loss).
+        val_fraction: the share of the rows held out from training (validation, and what a model takes from rows
+            it was not trained on: :meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`); 0 for none. It
+            applies to training to convergence on at most :data:`HELD_OUT_MAX_ROWS` rows: a fixed ``epochs``
+            trains on every row unless told otherwise.
     """
 
     optimizer: str
     lr: float
     batch_size: int = 1024
     max_steps: int = 5000
+    val_fraction: float = 0.0
+
+
+# A method's default val_fraction holds rows out of fits of at most this many rows. A split copies the rows it
+# keeps, so beyond this a fit from a file would hold memory that grows with n; and the rows a model is trained on
+# understate the noise at new rows where it can nearly fit them, which is a small-data effect.
+HELD_OUT_MAX_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,9 @@ class Convergence:
     ``lr_cuts`` cuts ends training. L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
     fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` evaluations of the loss (counted to
     the end of an iteration: with one evaluation an iteration, the last ``lbfgs_window`` iterations; fewer where
-    line searches take several). Either way, training stops after the method's ``max_steps``.
+    line searches take several). Either way, training stops after the method's ``max_steps``. With
+    ``watch_validation=False`` the rule watches the training loss even where rows are held out: they serve what the
+    model takes from them (:meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`), not early stopping.
     """
 
     tol: float = 1e-4
@@ -86,6 +99,7 @@ class Convergence:
     minibatch_window: int = 100
     minibatch_round: int = 1000
     lbfgs_window: int = 10
+    watch_validation: bool = True
 
 
 CONVERGENCE = Convergence()

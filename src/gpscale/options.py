@@ -126,6 +126,7 @@ CONSTRAINTS: dict[str, Constraint] = {
     "burn_in": _count("MCMC iterations discarded", low=0),
     "thin": Constraint(True, low=1, means="the MCMC iterations per kept sample"),
     "n_chains": _count("MCMC chains"),
+    "n_leapfrog": _count("HMC's mean leapfrog steps per iteration"),
     "evidence_rows": _count("rows whose exact evidence trains the exact GP's hyperparameters (None: all)", low=2),
     "max_cg_iterations": _count("conjugate-gradient iterations of one solve"),
     "preconditioner_rank": _count("columns of the pivoted-Cholesky preconditioner (0: none)", low=0),

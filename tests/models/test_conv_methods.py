@@ -171,7 +171,6 @@ def test_the_median_heuristic_runs_on_patches_and_skips_identical_ones():
 
 # --- options ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("options, message", [
-    ({"image_shape": None}, r"conv-svgp needs image_shape=\(H, W\) or \(H, W, C\).*got none"),
     ({"image_shape": (8, 7)}, r"image_shape=\(8, 7\) does not hold the n_features = 64 columns"),
     ({"image_shape": (4, 4, 3)}, r"image_shape=\(4, 4, 3\) does not hold the n_features = 64 columns"),
     ({"filter_size": 9}, r"filter_size=9, stride=1 and padding='valid' do not fit the 8 x 8 images.*padding='same'"),
@@ -186,6 +185,17 @@ def test_bad_options_are_refused_with_the_option_and_a_remedy(options, message):
     X, labels = square_images(12)
     with pytest.raises(ValueError, match=message):
         classifier("conv-svgp", epochs=1, **options).fit(X, labels)
+
+
+def test_square_single_channel_images_need_no_image_shape_and_others_name_it():
+    from gpscale.models.conv.from_options import resolve_image_shape
+
+    assert resolve_image_shape(None, 784, "conv-hvgp") == (28, 28, 1)
+    X, labels = square_images(12)  # 8 x 8
+    assert classifier("conv-svgp", epochs=1, image_shape=None).fit(X, labels).model_.image_shape == (8, 8, 1)
+    with pytest.raises(ValueError, match=r"conv-svgp needs image_shape=\(H, W\) or \(H, W, C\).*got none, and the "
+                                         r"n_features = 48 columns of X are not the pixels of a square"):
+        classifier("conv-svgp", epochs=1, image_shape=None).fit(X[:, :48], labels)
 
 
 def test_bad_harmonic_options_are_refused():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.distributions import MultivariateNormal, kl_divergence
+from torch.distributions import MultivariateNormal, Normal, kl_divergence
 
 import gpscale
 from gpscale import ExtrapolationWarning, GPClassifier, GPRegressor
@@ -472,6 +472,59 @@ def test_dbk_calibrated_noise_maximises_the_dense_evidence_and_the_posterior_use
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     model.clear_cache()  # forgetting the posterior restores the trained noise
     assert model.noise.item() == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_dbk_held_out_noise_maximises_the_dense_held_out_density_and_the_posterior_on_all_rows_takes_it(correction):
+    """After calibrate_on_held_out, sigma^2 maximises sum_h log N(y_h | E[f_h], Var[f_h] + sigma^2) over the held-out
+    rows, the posterior from the fit rows (dense GP, corrected by the fit rows' k_max); the next posterior fit, on
+    every row, takes that sigma^2, and a later one goes back to the evidence."""
+    g = torch.Generator().manual_seed(23)
+    Phi = random_basis(80, 5, seed=23)
+    Phi = Phi / Phi.norm(dim=1, keepdim=True) * (1 + 0.2 * torch.rand(80, 1, generator=g, dtype=F64))
+    y = Phi[:70] @ torch.randn(5, generator=g, dtype=F64) + 0.3 * torch.randn(70, generator=g, dtype=F64)
+    model = build(DBK, Phi, 0.3, correction=correction, calibrate_noise="posterior")
+    model.calibrate_on_held_out(rows(0, 50), y[:50], rows(50, 70), y[50:])
+    s2 = model.held_out_noise
+    k_fit, k_held = prior_variance(Phi[:50]), prior_variance(Phi[50:70])
+    c, c_h = ((k_fit.max() - k_fit), (k_fit.max() - k_held).clamp_min(0)) if correction else (None, None)
+
+    def held_out_log_density(noise):
+        mean, var = dense_predictive(Phi[:50], y[:50], Phi[50:70], noise, c, c_h)
+        return Normal(mean, (var + noise).sqrt()).log_prob(y[50:]).sum().item()
+
+    density = [held_out_log_density(s2 * f) for f in (0.99, 1.0, 1.01)]
+    assert density[1] > max(density[0], density[2]) and abs(s2 - 0.3) > 0.01
+    model.fit_posterior(rows(0, 70), y)
+    assert model.noise.item() == pytest.approx(s2) and model.held_out_noise is None
+    k = prior_variance(Phi[:70])
+    c_all, c_s = ((k.max() - k), (k.max() - prior_variance(Phi[70:])).clamp_min(0)) if correction else (None, None)
+    expected = dense_predictive(Phi[:70], y, Phi[70:], s2, c_all, c_s)
+    for a, b in zip(model.predict(rows(70, 80)), expected):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    model.fit_posterior(rows(0, 70), y)  # no held-out rows this time: the evidence's sigma^2
+    assert abs(model.noise.item() - s2) > 1e-3
+    model.clear_cache()  # forgetting the posterior restores the trained noise
+    assert model.noise.item() == pytest.approx(0.3)
+
+
+def test_dbk_defaults_hold_out_a_tenth_of_the_rows_for_the_noise_and_converge_on_the_training_loss():
+    X, y = make_friedman1(200, rng=3, d=5)
+    seen = []
+    original = DBK.held_out_optimal_noise
+
+    def recording(self, X_fit, y_fit, X_held, y_held, comm=gpscale.distributed.LOCAL):
+        seen.append((X_fit.shape[0], X_held.shape[0], original(self, X_fit, y_fit, X_held, y_held, comm)))
+        return seen[-1][2]
+
+    with patch.object(DBK, "held_out_optimal_noise", recording):
+        reg = GPRegressor(method="dbk", n_basis=8, width=16, max_steps=100, progress=False).fit(X, y)
+    assert [s[:2] for s in seen] == [(180, 20)]  # once, after training: no validation passes while converging
+    assert reg.model_.noise.item() == pytest.approx(seen[0][2], rel=1e-5)
+    assert all("val_nlpd" not in record for record in reg.fit_result_.history)
+    with patch.object(DBK, "held_out_optimal_noise", recording):
+        GPRegressor(method="dbk", n_basis=8, width=16, max_steps=100, val_fraction=0, progress=False).fit(X, y)
+    assert len(seen) == 1  # nothing held out: the evidence's sigma^2
 
 
 def test_svdbk_calibrated_noise_maximises_the_expected_log_likelihood():

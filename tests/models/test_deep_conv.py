@@ -277,7 +277,6 @@ def test_a_two_layer_classifier_learns_where_the_square_is_and_saves(tmp_path):
     ({"hidden_q_scale": 0.0}, r"hidden_q_scale \(.*\) must be a number > 0"),
     ({"kernel": gpscale.kernels.RBF(9)}, "kernel must be a kernel's name"),
     ({"whiten": False}, "q is whitened in every layer"),
-    ({"image_shape": None}, "needs image_shape"),
 ])
 def test_bad_options_are_refused_with_the_option_and_a_remedy(options, message):
     with pytest.raises(ValueError, match=message):

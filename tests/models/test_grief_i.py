@@ -230,16 +230,17 @@ def test_a_not_psd_evidence_rejects_the_proposal_and_the_chain_goes_on(monkeypat
 
 
 # --- prediction ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("parametrisation", ["reweighted", "orthogonal"])
-def test_prediction_is_the_mixture_of_the_per_sample_posteriors(parametrisation):
+@pytest.mark.parametrize("parametrisation, sampler, chains", [("reweighted", "hmc", 4), ("orthogonal", "hmc", 4),
+                                                              ("reweighted", "mala", 2)])
+def test_prediction_is_the_mixture_of_the_per_sample_posteriors(parametrisation, sampler, chains):
     X, y = toy(32)
-    model = make(GRIEFI, X[:25], y[:25], parametrisation=parametrisation, step_size=0.2, **SHORT)
+    model = make(GRIEFI, X[:25], y[:25], parametrisation=parametrisation, sampler=sampler, step_size=0.2, **SHORT)
     model.fit_posterior(X[:25], y[:25])
     mean, var = model.predict(X[25:])
     stats_ = model.statistics(X[:25], y[:25])
     Phi_s = model.feature_map(model.cache)(X[25:])
     x = model.cache["samples"].reshape(-1, 13)
-    assert x.shape[0] == 2 * 19 and model.mcmc_summary_["acceptance_rate_min"] > 0.1
+    assert x.shape[0] == chains * 19 and model.mcmc_summary_["acceptance_rate_min"] > 0.1
     basis = orthogonalise(stats_)
     parts = []
     for xs in x:
@@ -299,7 +300,9 @@ def test_regression_matches_type2_with_diagnostics_and_round_trips():
     assert set(summary) >= {"acceptance_rate_min", "step_size_min", "rhat_max", "rhat_noise", "ess_min", "ess_noise"}
     assert all(isinstance(v, float) for v in summary.values())
     assert 0.9 < summary["rhat_noise"] <= summary["rhat_max"] < math.inf
-    assert 0 < summary["ess_min"] <= summary["ess_noise"] and summary["n_samples"] == 2 * 39
+    assert 0 < summary["ess_min"] <= summary["ess_noise"] and summary["n_samples"] == 4 * 39  # HMC: 4 chains
+    assert summary["rhat_max"] == max(summary["rhat_weights"], summary["rhat_noise"])
+    assert 0.9 < summary["rank_rhat_noise"] <= summary["rank_rhat_max"] < math.inf
     # the same seed gives the same chains; the cache travels in state_dict without the training data
     again = GRIEFI(2, n_iterations=600, burn_in=200, thin=10, **options).double()
     again.load_state_dict(model.state_dict())
@@ -313,29 +316,34 @@ def test_regression_matches_type2_with_diagnostics_and_round_trips():
 def test_unconverged_chains_warn(monkeypatch):
     X, y = toy()
     model = make(GRIEFI, X, y, **SHORT)
-    monkeypatch.setattr(grief_i_chains, "split_rhat", lambda x: np.full(x.shape[-1], 1.5))
-    with pytest.warns(ConvergenceWarning, match="more iterations"):
+    monkeypatch.setattr(grief_i_chains, "split_rhat", lambda x, **_: np.full(x.shape[-1], 1.5))
+    # the warning names the sampler and what it checked: every sampled quantity (theta is not sampled)
+    with pytest.warns(ConvergenceWarning, match=r"\(hmc\) has not converged on the sampled weights \(log u\) and "
+                                                r"noise \(log sigma\^2; theta is fixed\).*weights: 1\.5, sigma\^2: "
+                                                r"1\.5.*more iterations \(n_iterations, now 240\)"):
         model.fit_posterior(X, y)
     assert model.mcmc_summary_["rhat_max"] == 1.5
 
 
-def test_chains_that_never_move_warn():
+@pytest.mark.parametrize("sampler", ["hmc", "mala"])
+def test_chains_that_never_move_warn(sampler):
     # a step far too large and no tuning: nothing is accepted, the draws are constant and R-hat is NaN, which no
     # "R-hat > 1.1" check sees
     X, y = toy()
-    model = make(GRIEFI, X, y, step_size=20.0, tune="never", **SHORT)
+    model = make(GRIEFI, X, y, sampler=sampler, step_size=20.0, tune="never", **SHORT)
     with pytest.warns(ConvergenceWarning, match=r"accepted 0\.000 of its proposals.*lengthen burn_in.*R-hat is nan"):
         model.fit_posterior(X, y)
     assert model.mcmc_summary_["acceptance_rate_max"] == 0 and math.isnan(model.mcmc_summary_["rhat_max"])
 
 
-def test_the_default_step_size_adapts_on_a_chain_over_two_hundred_parameters():
+def test_malas_step_size_adapts_on_a_chain_over_two_hundred_parameters():
     # q + 1 = 191 parameters: from h = 0.4 the chains accepted 3-10% (0% on housing, 457 parameters) when h was only
     # tuned every 1000 iterations; adapted during burn-in they accept about 0.55
     g = torch.Generator().manual_seed(0)
     X = torch.rand(250, 4, generator=g, dtype=F64) * 4 - 2
     y = torch.sin(2 * X[:, 0]) * torch.cos(X[:, 1]) + 0.3 * X[:, 2] + 0.1 * torch.randn(250, generator=g, dtype=F64)
-    model = GRIEFI(4, n_eigen=200, grid_size=6, parametrisation="orthogonal", n_iterations=400, burn_in=200, thin=10).double()
+    model = GRIEFI(4, n_eigen=200, grid_size=6, parametrisation="orthogonal", sampler="mala", n_iterations=400,
+                   burn_in=200, thin=10).double()
     fit(model, X, (y - y.mean()) / y.std(), progress=False)
     summary = model.mcmc_summary_
     assert model.cache["samples"].shape[-1] > 150  # min(n, p) = 200, less the directions orthogonalise drops
@@ -360,12 +368,18 @@ def test_regressor_fits_predicts_and_round_trips(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
-def test_defaults_follow_the_paper():
+def test_defaults_are_hmc_and_mala_keeps_the_papers_run():
     model = GRIEFI(3)
-    assert (model.n_eigen, model.grid_size, model.n_iterations, model.burn_in, model.thin) == (1000, 10, 10_000,
-                                                                                               1_000, 50)
-    assert (model.n_chains, model.step_size, model.jacobian, model.parametrisation, model.tune) == (2, 0.4, True, "auto",
-                                                                                         "burn_in")
+    assert model.sampler == "hmc"
+    # the budget options are None: each sampler's own default
+    assert grief_i_chains.mcmc_settings(model) == dict(n_iterations=300, burn_in=150, thin=1, n_chains=4,
+                                                       step_size=0.1, n_leapfrog=8)
+    assert grief_i_chains.mcmc_settings(GRIEFI(3, sampler="mala")) == dict(n_iterations=10_000, burn_in=1_000,
+                                                                           thin=50, n_chains=2, step_size=0.4)
+    # an option set on the model wins over its sampler's default
+    assert grief_i_chains.mcmc_settings(GRIEFI(3, sampler="mala", n_chains=3))["n_chains"] == 3
+    assert (model.n_eigen, model.grid_size, model.jacobian, model.parametrisation, model.tune) == (1000, 10, True,
+                                                                                                 "auto", "burn_in")
     assert model.init_noise == "grief" and model.init_stretch == (1.0,)  # theta: the exact GP's, one start
     assert (model.weight_prior_variance, model.noise_prior_variance) == (100.0, 0.04)
     assert set(GRIEFI.posterior_options) <= set(GRIEFI.__init__.__code__.co_varnames)
@@ -383,6 +397,11 @@ def test_defaults_follow_the_paper():
     (dict(step_size=0.0), "step_size to be a finite number > 0"),
     (dict(step_size=math.inf), "step_size to be a finite number > 0"),
     (dict(tune="sometimes"), "tune to be one of"),
+    (dict(tune="always"), r"tune to be one of \('burn_in', 'never'\) with sampler='hmc'"),  # MALA's rule only
+    (dict(sampler="nuts"), r"sampler to be one of \('hmc', 'mala'\).*Got 'nuts'"),
+    (dict(sampler=None), "sampler to be one of"),
+    (dict(n_leapfrog=0), r"n_leapfrog to be an integer >= 1 \(or None: the sampler's default\)\. Got 0"),
+    (dict(n_chains=None, sampler="mala", thin=0), r"thin to be an integer >= 1 \(or None: the sampler's default\)"),
     (dict(jacobian="yes"), "jacobian to be True or False"),
     (dict(weight_prior_variance=0.0), "weight_prior_variance"),
     (dict(noise_prior_variance=-1.0), "noise_prior_variance"),

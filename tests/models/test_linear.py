@@ -195,6 +195,33 @@ def test_calibration_maximises_the_evidence_over_the_noise_and_variance_mode_kee
     assert posterior.noise.item() == pytest.approx(1e-3, rel=1e-6)  # built in float32, then cast
 
 
+@pytest.mark.parametrize("mode", ["posterior", "variance"])
+def test_held_out_calibration_maximises_the_dense_held_out_density_and_the_next_posterior_fit_takes_it(data, mode):
+    """sigma^2 = argmax sum_h log N(y_h | E[f_h], Var[f_h] + sigma^2) with the dense GP of the features fitted on the
+    other rows at sigma^2 (its mean at the training noise in 'variance' mode); the next posterior fit, on every
+    row, predicts with it, and a later one calibrates on the evidence again."""
+    X, y, Xs = data
+    fit_rows, held = slice(0, 30), slice(30, None)
+    model = CosineFeatures(2, noise=1e-3, learn_noise=False).double()
+    model.set_engine_options(calibrate_noise=mode)
+    model.calibrate_on_held_out(X[fit_rows], y[fit_rows], X[held], y[held])
+    found = model.held_out_noise
+    with torch.no_grad():
+        Phi, Phi_h = dense_phi(model, X[fit_rows]), dense_phi(model, X[held])
+
+        def held_out_density(s2):
+            mean, var = dense_predictive(Phi @ Phi.T, Phi @ Phi_h.T, Phi_h @ Phi_h.T, y[fit_rows], s2)
+            if mode == "variance":
+                mean = dense_predictive(Phi @ Phi.T, Phi @ Phi_h.T, Phi_h @ Phi_h.T, y[fit_rows], 1e-3)[0]
+            return torch.distributions.Normal(mean, (var.diagonal() + s2).sqrt()).log_prob(y[held]).sum().item()
+
+        assert all(held_out_density(found) >= held_out_density(found * f) for f in (0.9, 0.97, 1.03, 1.1))
+    model.fit_posterior(X, y)
+    assert model.noise.item() == pytest.approx(found, rel=1e-12) and model.held_out_noise is None
+    model.fit_posterior(X, y)
+    assert abs(model.noise.item() - found) > 1e-3 * found  # no held-out rows: the evidence's maximiser
+
+
 def test_a_predictive_extra_variance_is_added_to_the_latent_variance(data):
     X, y, Xs = data
 

@@ -48,7 +48,7 @@ class GPClassifier(ClassifierMixin, GPEstimator):
     _task = "classification"
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
-                 kernel=None, likelihood=None, x_scaling="standard", val_fraction=0.0, patience=None, val_every=1,
+                 kernel=None, likelihood=None, x_scaling="standard", val_fraction=None, patience=None, val_every=1,
                  seed=0, dtype="auto", device="cpu", progress=True, distributed=False, checkpoint=None,
                  resume=False, **method_options):
         self.likelihood = likelihood

@@ -81,9 +81,11 @@ class GPRegressor(RegressorMixin, GPEstimator):
     normalize_y : bool, default=True
         Standardise y with its training mean and standard deviation (the methods' default hyperparameters assume
         unit-scale targets); False keeps y as given, for targets on a known scale.
-    val_fraction : float, default=0.0
+    val_fraction : float or None, default=None
         Hold out this fraction to watch the validation NLPD: training then stops when it stops improving, and
-        keeps the best parameters (0: no validation).
+        keeps the best parameters (0: no validation). None: the method's default when training to convergence on
+        up to 100,000 rows, 0 but for ``dbk`` and ``softki``, which hold out 0.1 to estimate their noise variance
+        on rows they were not trained on (``calibrate_noise``); else 0.
     patience : int or None, default=None
         With validation and a fixed ``epochs``: epochs without a better validation NLPD before training stops
         (None: 10); training to convergence: windows without improvement before the learning rate steps down.
@@ -134,7 +136,7 @@ class GPRegressor(RegressorMixin, GPEstimator):
 
     def __init__(self, method="auto", n_inducing=None, epochs=None, max_steps=None, batch_size=None, lr=None,
                  optimizer=None, kernel=None, noise=None, learn_noise=None, x_scaling="standard", normalize_y=True,
-                 val_fraction=0.0, patience=None, val_every=1, seed=0, dtype="auto", device="cpu", progress=True,
+                 val_fraction=None, patience=None, val_every=1, seed=0, dtype="auto", device="cpu", progress=True,
                  distributed=False, checkpoint=None, resume=False, **method_options):
         self.optimizer = optimizer
         self.noise = noise

@@ -1,20 +1,19 @@
-"""The Metropolis-adjusted Langevin (MALA) sampler, driven by autograd, with its step size adapted during burn-in,
-and the rule of the iterations it keeps.
+"""The Metropolis-adjusted Langevin (MALA) sampler, driven by autograd, with its step size adapted during burn-in.
 
 Shapes: ``D`` parameters, ``C`` chains, ``S`` kept samples per chain.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from .sampling import (MCMCResult, check_finite_start, check_positive_int, check_step_size, make_generator,
+                       prepare_start, value_and_grad)
 from .transforms import LogTarget
 
-__all__ = ["TUNE_MODES", "TARGET_ACCEPTANCE", "ADAPTATION_DECAY", "MCMCResult", "kept_iterations", "mala"]
+__all__ = ["TUNE_MODES", "TARGET_ACCEPTANCE", "ADAPTATION_DECAY", "mala"]
 
 TUNE_MODES = ("burn_in", "always", "never")
 # The default tuning (tune="burn_in") drives MALA's acceptance rate toward 0.574, optimal for MALA in high
@@ -25,94 +24,11 @@ TARGET_ACCEPTANCE = 0.574
 ADAPTATION_DECAY = 0.6
 
 
-@dataclass(frozen=True)
-class MCMCResult:
-    """What :func:`mala` returns.
-
-    Attributes:
-        samples: [C, S, D] kept states, in the unconstrained space the sampler ran in.
-        log_target: [C, S] the log target at those states.
-        iterations: [S] the (zero-based) iteration index of each kept sample.
-        acceptance_rate: [C] fraction of proposals accepted after burn-in (the sampling phase).
-        burn_in_acceptance_rate: [C] the same during burn-in.
-        step_size: [C] the step size h at the end of the run.
-    """
-
-    samples: Tensor
-    log_target: Tensor
-    iterations: Tensor
-    acceptance_rate: Tensor
-    burn_in_acceptance_rate: Tensor
-    step_size: Tensor
-
-    @property
-    def flat_samples(self) -> Tensor:
-        """All chains stacked. [C * S, D]"""
-        return self.samples.reshape(-1, self.samples.shape[-1])
-
-
-def kept_iterations(n_iterations: int, burn_in: int, thin: int) -> Tensor:
-    """Zero-based iterations whose state is kept: ``i > burn_in and i % thin == 0`` (the official code's rule;
-    179 samples for 10,000 / 1,000 / 50). [S]"""
-    i = torch.arange(burn_in + 1, n_iterations)
-    return i[i % thin == 0]
-
-
-def _value_and_grad(log_target: LogTarget, x: Tensor, vectorized: bool) -> tuple[Tensor, Tensor]:
-    """The log target and its autograd gradient at every chain's state. [C, D] -> ([C], [C, D])
-
-    Chains are independent, so in the vectorised case the gradient of the *sum* of the C values has the gradient
-    of chain c's value in row c.
-    """
-    with torch.enable_grad():
-        if vectorized:
-            xr = x.detach().requires_grad_(True)
-            lp = log_target(xr)
-            if not isinstance(lp, Tensor) or lp.shape != (x.shape[0],):
-                raise ValueError(f"With vectorized=True, log_target must map [C, D] to [C]. Got "
-                                 f"{getattr(lp, 'shape', type(lp))} for C = {x.shape[0]}.")
-            grad = _grad(lp.sum(), xr)
-            return lp.detach().to(x.dtype), grad
-        values, grads = [], []
-        for xc in x:
-            xr = xc.detach().requires_grad_(True)
-            lp = log_target(xr)
-            if not isinstance(lp, Tensor) or lp.numel() != 1:
-                raise ValueError(f"log_target must return a scalar tensor. Got {getattr(lp, 'shape', type(lp))}.")
-            grads.append(_grad(lp.reshape(()), xr))
-            values.append(lp.detach().reshape(()).to(x.dtype))
-        return torch.stack(values), torch.stack(grads)
-
-
-def _grad(value: Tensor, x: Tensor) -> Tensor:
-    # A value without a graph (e.g. a constant -inf returned outside the support) has no gradient; treat it as zero
-    # and let the accept/reject step deal with the value.
-    if not value.requires_grad:
-        return torch.zeros_like(x)
-    (g,) = torch.autograd.grad(value, x, allow_unused=True)
-    return torch.zeros_like(x) if g is None else g.detach()
-
-
 def _log_proposal_density(to: Tensor, frm: Tensor, grad_frm: Tensor, h: Tensor) -> Tensor:
     """``log q(to | frm)`` up to a constant shared by both directions, where
     ``q(a|b) = N(a; b + (h^2/2) grad log pi(b), h^2 I)``. ([C, D], [C, D], [C, D], [C]) -> [C]"""
     mean = frm + (h**2 / 2)[:, None] * grad_frm
     return -((to - mean) ** 2).sum(-1) / (2 * h**2)
-
-
-def _check_positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"Expected {name} to be an integer >= {minimum}. Got {value!r}.")
-    return int(value)
-
-
-def _generator(seed: int | torch.Generator | None) -> torch.Generator:
-    if isinstance(seed, torch.Generator):
-        return seed
-    if seed is None:
-        # draw the seed from the global RNG, so that torch.manual_seed makes an unseeded run reproducible too
-        seed = int(torch.randint(0, 2**62, ()).item())
-    return torch.Generator().manual_seed(int(seed))
 
 
 def mala(
@@ -165,32 +81,19 @@ def mala(
     Returns:
         :class:`MCMCResult` with samples [C, S, D].
     """
-    n_iterations = _check_positive_int("n_iterations", n_iterations)
-    burn_in = _check_positive_int("burn_in", burn_in, minimum=0)
-    thin = _check_positive_int("thin", thin)
-    tune_every = _check_positive_int("tune_every", tune_every)
-    n_chains = _check_positive_int("n_chains", n_chains)
-    if burn_in >= n_iterations - 1:
-        raise ValueError(f"Expected burn_in < n_iterations - 1 so that some iterations are sampled. "
-                         f"Got burn_in={burn_in}, n_iterations={n_iterations}.")
-    if isinstance(step_size, bool) or not isinstance(step_size, (int, float, np.floating, np.integer)) or not (
-            math.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"Expected step_size to be a finite number > 0. Got {step_size!r}.")
+    n_iterations = check_positive_int("n_iterations", n_iterations)
+    burn_in = check_positive_int("burn_in", burn_in, minimum=0)
+    thin = check_positive_int("thin", thin)
+    tune_every = check_positive_int("tune_every", tune_every)
+    n_chains = check_positive_int("n_chains", n_chains)
+    step_size = check_step_size(step_size)
     if tune not in TUNE_MODES:
         raise ValueError(f"Expected tune to be 'burn_in', 'always' or 'never'. Got {tune!r}.")
     if not (math.isfinite(init_jitter) and init_jitter >= 0):
         raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
-    x0 = torch.as_tensor(x0).detach()
-    if not x0.is_floating_point():
-        x0 = x0.to(torch.get_default_dtype())
-    if x0.ndim != 1 or x0.numel() == 0:
-        raise ValueError(f"Expected x0 to be a non-empty 1-D tensor [D]. Got shape {tuple(x0.shape)}.")
-    keep = kept_iterations(n_iterations, burn_in, thin)
-    if len(keep) == 0:
-        raise ValueError(f"No iteration i with burn_in < i < n_iterations is a multiple of thin={thin}: "
-                         f"nothing would be kept. Lower thin or raise n_iterations.")
+    x0, keep = prepare_start(x0, n_iterations, burn_in, thin)
 
-    gen = _generator(seed)
+    gen = make_generator(seed)
     dtype, device, (C, D) = x0.dtype, x0.device, (n_chains, x0.numel())
 
     def normal(*shape: int) -> Tensor:
@@ -200,12 +103,8 @@ def mala(
     x = x0.expand(C, D).clone()  # [C, D]
     if init_jitter > 0:
         x = x + init_jitter * normal(C, D)
-    lp, grad = _value_and_grad(log_target, x, vectorized)  # [C], [C, D]
-    bad = ~(torch.isfinite(lp) & torch.isfinite(grad).all(-1))
-    if bad.any():
-        raise ValueError(f"The log target or its gradient is not finite at the starting point of chain(s) "
-                         f"{bad.nonzero().flatten().tolist()} (log target {lp[bad].tolist()}). Start inside the "
-                         f"support, e.g. at the prior mode.")
+    lp, grad = value_and_grad(log_target, x, vectorized)  # [C], [C, D]
+    check_finite_start(lp, grad)
 
     h = torch.full((C,), float(step_size), dtype=dtype, device=device)  # [C]
     samples = torch.empty(C, len(keep), D, dtype=dtype, device=device)
@@ -223,7 +122,7 @@ def mala(
 
         xi = normal(C, D)
         x_new = x + (h**2 / 2)[:, None] * grad + h[:, None] * xi  # [C, D]
-        lp_new, grad_new = _value_and_grad(log_target, x_new, vectorized)
+        lp_new, grad_new = value_and_grad(log_target, x_new, vectorized)
         log_alpha = lp_new - lp  # [C]
         if _hastings_correction:
             log_alpha = log_alpha + _log_proposal_density(x, x_new, grad_new, h) - _log_proposal_density(

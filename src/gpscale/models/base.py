@@ -220,15 +220,13 @@ class GPModel(nn.Module):
 
     def start_lengthscale_at_median(self) -> bool:
         """Have :meth:`initialise` start the lengthscale(s) at the median distance between training rows (as
-        ``lengthscale='median'``) if the kernel is stationary on the joint distance between inputs (RBF, Matérn);
-        returns whether it will. What :class:`~gpscale.GPRegressor` does when it is given no lengthscale."""
+        ``lengthscale='median'``) if the kernel is stationary (RBF, Matérn); returns whether it will."""
         self.median_lengthscale = self.median_lengthscale or isinstance(self.kernel, Stationary)
         return self.median_lengthscale
 
     def check_memory(self, n: int, comm: Comm = LOCAL) -> None:
         """Raise :class:`~gpscale.memory.InsufficientMemoryError`, before training on n rows (held by ``comm``'s
-        processes; call it on every process), where a matrix the fit is sure to form would not fit in memory.
-        Default: nothing (a model whose passes over the rows are chunked checks each larger matrix as it forms it)."""
+        processes; call it on every process), where a matrix the fit is sure to form would not fit. Default: nothing."""
 
     def initialise_from_data(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         """Data-dependent initialisation (inducing points, grids, ...). Default: nothing."""
@@ -249,6 +247,12 @@ class GPModel(nn.Module):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         """Fill ``self.cache`` with everything prediction needs, in one streamed pass over (X, y)."""
         raise NotImplementedError  # pragma: no cover - interface
+
+    def calibrate_on_held_out(self, X_fit: Tensor, y_fit: Tensor, X_held: Tensor, y_held: Tensor,
+                              comm: Comm = LOCAL) -> None:
+        """Set what the posterior takes from the rows training held out (``val_fraction``), given them and the
+        rows trained on; the trainer calls it before each validation pass and before the final
+        :meth:`fit_posterior` on all the rows. Default: nothing."""
 
     def predictive_factors(self, X: Tensor) -> PredictiveFactors:  # pragma: no cover - interface
         """The latent posterior at the rows of X [c, d] in factored form (:class:`PredictiveFactors`), from
@@ -383,11 +387,9 @@ class GPModel(nn.Module):
         kernel's posterior reverts to its prior away from the data."""
 
     def parameter_groups(self) -> list[dict]:
-        """The trainable parameters as ``torch.optim`` parameter groups; :func:`gpscale.train.fit` optimises these.
-
-        Default: one group with the optimiser's defaults. A model overrides this to give some parameters their own
-        options, e.g. weight decay on a neural network but not on the noise or the variational parameters.
-        """
+        """The trainable parameters as ``torch.optim`` parameter groups, which :func:`gpscale.train.fit` optimises.
+        Default: one group with the optimiser's defaults (a model may give some parameters their own, e.g. weight
+        decay on a network but not on the noise)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
     def clear_cache(self) -> None:
@@ -401,19 +403,16 @@ class GPModel(nn.Module):
     @torch.no_grad()
     def set_calibrated_noise(self, noise: float) -> None:
         """Predict with ``noise`` (sigma^2, re-estimated after training) instead of the trained value, which the
-        cache keeps, so :meth:`clear_cache` (called by training before every step after a validation pass)
-        restores it and the training loss never sees the calibrated value. A validation pass refits the posterior,
-        so early stopping scores the calibrated model. Call after :meth:`clear_cache`."""
+        cache keeps for :meth:`clear_cache` to restore: the training loss never sees it. Call after clear_cache."""
         self.cache["training_raw_noise"] = self.likelihood.raw_noise.detach().clone()
         self.likelihood.set_noise(noise)
 
     def check_posterior_options(self) -> None:
-        """Raise ValueError for a value of a ``posterior_options`` entry the model cannot use; called before every
-        posterior fit, since those options may be set as attributes after construction. Default: nothing."""
+        """Raise ValueError for a ``posterior_options`` value the model cannot use; called before every posterior
+        fit (they may be set as attributes after construction). Default: nothing."""
 
     def noise_search_bounds(self, mean_square: float) -> tuple[float, float]:
-        """[noise floor + 1e-8, 10 E[y^2]]: where a post-training noise search looks, for targets of mean square
-        ``mean_square``."""
+        """[noise floor + 1e-8, 10 E[y^2]]: where a noise search looks, for targets of mean square ``mean_square``."""
         return self.likelihood.noise_floor + 1e-8, max(10.0 * mean_square, 1e-6)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):

@@ -60,8 +60,9 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
     epochs, steps_per_epoch, sample, window = epochs_of(settings, convergence, model.full_batch, shard.n_global)
     scheduler = None if converging else make_scheduler(schedule, optimiser, epochs)
     best = {"nlpd": math.inf, "state": None, "epoch": None, "last_good": -1}
+    watching = X_val is not None and (convergence.watch_validation or not converging)
     plateau = Plateau(convergence, patience, state.get("plateau") if state else None,
-                      minibatch=not model.full_batch and X_val is None)
+                      minibatch=not model.full_batch and not watching)
     first, done_before = 0, Partial(0, 0.0)  # the epoch to start at, and its steps taken before a stop
     if state is not None:
         optimiser.load_state_dict(state["optimiser"])
@@ -107,7 +108,7 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
                   "lr": optimiser.param_groups[0]["lr"], "seconds": time.perf_counter() - tic}
         window_ends = converging and (epoch + 1) % window == 0
         validate = window_ends if converging else ((epoch + 1) % val_every == 0 or epoch + 1 == epochs)
-        if X_val is not None and validate:
+        if watching and validate:
             record["val_nlpd"] = validation_nlpd(model, X, y, X_val, y_val, comm)
             if record["val_nlpd"] < best["nlpd"]:
                 best = {"nlpd": record["val_nlpd"], "state": snapshot(model.state_dict()), "epoch": epoch,

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import data_fingerprint
-from ..defaults import Convergence, resolve_training
-from ..distributed import LOCAL, Comm, broadcast_state
+from ..defaults import HELD_OUT_MAX_ROWS, Convergence, resolve_training
+from ..distributed import LOCAL, Comm, broadcast_state, global_count
 from ..heap import hold_freed_heap
 from ..io import check_writable
 from ..linalg import NotPSDError
@@ -44,7 +44,7 @@ def fit(
     lr: float | None = None,
     optimizer: str | None = None,
     schedule: Schedule = None,
-    val_fraction: float = 0.0,
+    val_fraction: float | None = None,
     patience: int | None = None,
     val_every: int = 1,
     seed: int = 0,
@@ -81,10 +81,13 @@ def fit(
         schedule: ``None``/``'constant'``, ``'cosine'`` (annealed to 0 over ``epochs``), or a callable
             ``(optimizer, epochs) -> scheduler`` stepped once per epoch; only with a fixed ``epochs`` (training to
             convergence steps the learning rate down on plateaus itself).
-        val_fraction: hold out this fraction (seeded) to compute the validation NLPD; with a fixed ``epochs``
-            after each epoch, training stopping after ``patience`` epochs without improvement; when training to
-            convergence at the end of each window, the plateau rule then watching the validation NLPD instead of
-            the training loss. The best parameters are restored.
+        val_fraction: hold out this fraction (seeded; None: the method's default when training to convergence
+            on at most :data:`~gpscale.defaults.HELD_OUT_MAX_ROWS` rows, else 0), for the model to calibrate on
+            (:meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`) and for the validation NLPD: with a fixed
+            ``epochs`` after each epoch, training stopping after ``patience`` epochs without improvement; when
+            training to convergence at the end of each window, the plateau rule then watching the validation NLPD
+            instead of the training loss (unless ``convergence.watch_validation`` is False). The best parameters
+            are restored.
         patience: with a fixed ``epochs``, epochs without a better validation NLPD before stopping (default 10);
             when training to convergence, windows without improvement before the learning rate steps down
             (default ``convergence.patience``).
@@ -128,9 +131,13 @@ def fit(
             the memory a minibatch fit holds does not grow with the rows (but for the epoch's permutation of the
             row indices; with ``val_fraction``, the training split is a copy in memory).
 
-    The posterior is fitted on all of (X, y), the validation rows included.
+    The posterior is fitted on all of (X, y), the validation rows included, after the model has taken what it takes
+    from the held-out rows.
     """
     convergence = type(model).default_convergence if convergence is None else convergence
+    if val_fraction is None:  # a method's default: training to convergence, on at most HELD_OUT_MAX_ROWS rows
+        held_out = epochs is None and global_count(X.shape[0], comm) <= HELD_OUT_MAX_ROWS
+        val_fraction = model.training_defaults().val_fraction if held_out else 0.0
     settings = resolve_training(model.training_defaults(), epochs=epochs, max_steps=max_steps,
                                 optimizer=optimizer, lr=lr, batch_size=batch_size,
                                 watched=val_fraction > 0 or checkpoint is not None)
@@ -202,6 +209,8 @@ def fit(
                     result, state = FitResult(settings=settings, restarts=attempt + 1), None
         check_improved(result)
         check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
+        if X_val is not None:
+            model.calibrate_on_held_out(X_fit, y_fit, X_val, y_val, comm)
         model.fit_posterior(X, y, comm)
         release()
         result.seconds = time.perf_counter() - start

@@ -12,25 +12,28 @@ __all__ = ["validation_split", "validation_nlpd"]
 
 
 def validation_split(X, y, fraction, generator, comm=LOCAL):
-    """(X_fit, y_fit, X_val, y_val): ``fraction`` of the rows held out, drawn by ``generator``; under data
-    parallelism each rank holds out that fraction of its shard, drawn by a generator of its own, so that the
-    shared generator stays the same on every rank."""
+    """(X_fit, y_fit, X_val, y_val): ``fraction`` of the rows held out, drawn by ``generator`` over the global rows
+    (every process's shard, concatenated in rank order), so that the split is the one a single process holding
+    every row draws, and the fit on it the same. The rows keep their order."""
     if fraction == 0.0:
         return X, y, None, None
-    if comm.world_size > 1:
-        generator = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=generator)) + comm.rank)
-    n_val = int(round(fraction * X.shape[0]))
-    if n_val < 1 or n_val >= X.shape[0]:
-        raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={X.shape[0]}.")
-    order = torch.randperm(X.shape[0], generator=generator).to(X.device)
-    val, fit_ = order[:n_val], order[n_val:]
-    return X[fit_], y[fit_], X[val], y[val]
+    counts = comm.all_gather(torch.tensor([X.shape[0]], device=X.device)).cpu()
+    n, offset = int(counts.sum()), int(counts[:comm.rank].sum())
+    n_val = int(round(fraction * n))
+    if n_val < 1 or n_val >= n:
+        raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={n}.")
+    held = torch.zeros(n, dtype=torch.bool)
+    held[torch.randperm(n, generator=generator)[:n_val]] = True
+    held = held[offset:offset + X.shape[0]].to(X.device)
+    return X[~held], y[~held], X[held], y[held]
 
 
 @torch.no_grad()
 def validation_nlpd(model, X, y, X_val, y_val, comm=LOCAL) -> float:
     """The mean validation NLPD over every process's held-out rows (the same number on every rank), the posterior
-    fitted on the training rows (X, y)."""
+    fitted on the training rows (X, y) after the model has taken what it takes from the held-out rows
+    (:meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`)."""
+    model.calibrate_on_held_out(X, y, X_val, y_val, comm)
     model.fit_posterior(X, y, comm)
     means, variances = model.predict_mixture(X_val)  # [S, n]: the density is the mixture's, the mean of S
     S = means.shape[0]

@@ -68,8 +68,8 @@ class _ConvolutionalGP(VariationalGP):
     initialisation and the median heuristic on patches.
 
     Args:
-        image_shape: the images' (H, W) or (H, W, C); one entry may be -1, inferred from the columns of X.
-            Required: H W C must be the number of columns.
+        image_shape: the images' (H, W) or (H, W, C); one entry may be -1, inferred from the columns of X; H W C
+            must be the number of columns. None (default): square single-channel images, as MNIST's rows of 784.
         filter_size: the patch's side, or (height, width). Default 5: the 5 x 5 patches of van der Wilk et al.
             (2017) on MNIST's 28 x 28 grey images and of the first layer of every model in the HKD paper.
         stride, padding: the step between patches (default 1, as both papers) and ``'valid'`` (default: patches

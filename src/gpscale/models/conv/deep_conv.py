@@ -220,7 +220,8 @@ class DeepConvHVGP(VariationalGP):
     keep its architectures (Table 3) and sample counts, and scale the inducing patches down for a CPU.
 
     Args:
-        image_shape: the images' (H, W) or (H, W, C), one entry may be -1 (as conv-hvgp's). Required.
+        image_shape: the images' (H, W) or (H, W, C), one entry may be -1; None: square single-channel images (as
+            conv-hvgp's).
         n_layers: L, the layers (L - 1 hidden ones and the output layer). Default 2: the paper's 2-layer net.
         filter_sizes, strides: one per layer (an int or a (height, width) pair each), the input's first. None: the
             paper's Table 3 for n_layers 1 to 3: filters 5 / 5, 4 / 5, 4, 5 and strides 1 / 1, 2 / 1, 2, 1.

@@ -12,11 +12,16 @@ from ...kernels.patches import ConvKernel, PatchGeometry, tick_location_kernel
 
 def resolve_image_shape(image_shape, n_features: int, key: str) -> tuple[int, int, int]:
     """(H, W, C) from ``image_shape`` (H, W) or (H, W, C), one entry of which may be -1 (inferred from the number of
-    columns, as in ``numpy.reshape``), checked against the n_features columns of X."""
+    columns, as in ``numpy.reshape``), checked against the n_features columns of X; None: square single-channel
+    images, ``(sqrt(n_features), sqrt(n_features), 1)``."""
     if image_shape is None:
+        side = math.isqrt(n_features)
+        if side * side == n_features:
+            return side, side, 1
         raise ValueError(f"{key} needs image_shape=(H, W) or (H, W, C): the shape of the images whose pixels the rows "
-                         f"of X hold, flattened row-major over [H, W, C] (channels last), e.g. image_shape=(28, 28) "
-                         f"for Fashion-MNIST; got none.")
+                         f"of X hold, flattened row-major over [H, W, C] (channels last), e.g. image_shape=(32, 32, 3) "
+                         f"for CIFAR-10; got none, and the n_features = {n_features} columns of X are not the pixels of "
+                         "a square single-channel image, the shape taken when none is given.")
     try:
         shape = [operator.index(s) for s in image_shape]
     except TypeError:

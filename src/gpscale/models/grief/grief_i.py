@@ -4,14 +4,18 @@ The SE-ARD hyperparameters theta stay at their initialisation (an exact GP on a 
 paper's, :func:`~gpscale.models.grief.init.initialise_from_exact_gp`), so the features Phi are fixed; the initial noise
 sigma_0^2 is by default the maximiser of the w = 1 GRIEF evidence at that theta (``init_noise="grief"``; the paper:
 the exact GP's sigma^2). The evidences are :mod:`gpscale.models.grief.evidence`.
-One streamed pass gives ``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; MALA then samples the weights and the noise of
+One streamed pass gives ``A = Phi^T Phi``, ``r = Phi^T y`` and y^T y; the chains then sample the weights and the noise of
 
     k~(x, z) = sum_i w_i phi_i(x) phi_i(z),    y = f + eps,  eps ~ N(0, sigma^2),
 
 in ``x = (log u, log sigma^2)`` under the paper's log-normal priors (u_i: mode 1, variance 100; sigma^2: mode
-sigma_0^2, variance 0.04), starting at their mode. The step size adapts during burn-in toward an acceptance rate of
-0.574 and is then fixed (:func:`gpscale.mcmc.mala`, ``tune="burn_in"``). Two parametrisations of the weights the
-chains sample (the option ``parametrisation``), each with its own evaluation of the evidence:
+sigma_0^2, variance 0.04), starting at their mode. Two samplers (the option ``sampler``): ``"hmc"`` (default,
+:func:`gpscale.mcmc.hmc`), Hamiltonian Monte Carlo whose step size (dual averaging toward an acceptance rate of 0.8)
+and diagonal mass matrix (the chains' pooled variances) adapt during burn-in, which moves all q + 1 coordinates at
+their own scales; and ``"mala"`` (:func:`gpscale.mcmc.mala`), the paper's Langevin sampler, one isotropic step size
+adapted during burn-in toward an acceptance rate of 0.574. Both then fix their kernel for the kept samples. Two
+parametrisations of the weights the chains sample (the option ``parametrisation``), each with its own evaluation of
+the evidence:
 
 * ``"reweighted"``: eq. 18, u = w on the features themselves, O(p^3) per step; O(q^2 p) in the row space of Phi
   when its rank q is well below p (n < p), the same model.
@@ -43,11 +47,11 @@ from torch import Tensor
 
 from ...distributed import LOCAL, Comm
 from ...linalg import CORE, NotPSDError, solve_lower
-from ...mcmc import ExpTransform, LogNormal, mala, transformed_log_target
+from ...mcmc import ExpTransform, LogNormal, hmc, mala, transformed_log_target
 from ..linear.weight_space import Statistics, weight_posterior_cholesky
 from ..base import PredictiveFactors, register
 from .grief_ii import GRIEFII
-from .chains import check_mcmc_options, summarise, warn_if_unconverged
+from .chains import check_mcmc_options, mcmc_settings, summarise, warn_if_unconverged
 from .evidence import (
     orthogonal_log_likelihood,
     orthogonalise,
@@ -148,10 +152,10 @@ def _mixture(means: Tensor, within: Tensor) -> tuple[Tensor, Tensor]:
 # --- the model ----------------------------------------------------------------------------------------------------
 @register("grief-i")
 class GRIEFI(GRIEFII):
-    """GP-GRIEF-I: theta fixed at the exact-GP initialisation, MALA over the eigenfunction weights and the noise.
+    """GP-GRIEF-I: theta fixed at the exact-GP initialisation, MCMC over the eigenfunction weights and the noise.
 
     Training has nothing to optimise (``trainable = False``: :func:`gpscale.train.fit` skips its epochs).
-    :meth:`fit_posterior` does the work: one streamed statistics pass, then ``n_chains`` MALA chains seeded by fit's
+    :meth:`fit_posterior` does the work: one streamed statistics pass, then ``n_chains`` chains seeded by fit's
     ``seed``.
 
     Args:
@@ -159,15 +163,20 @@ class GRIEFI(GRIEFII):
         parametrisation: the weights the chains sample: ``"reweighted"`` (w on the features themselves, eq. 18,
             O(p^3) per step, O(n^2 p) for n < p), ``"orthogonal"`` (weights relative to s^2 on the orthogonal
             basis, O(p) per step) or ``"auto"`` (default): orthogonal when n > 10^6, as the paper.
-        n_iterations, burn_in, thin: MALA iterations; iteration i is kept when ``i > burn_in and i % thin == 0``
-            (defaults 10,000 / 1,000 / 50: 179 samples per chain, the paper's).
-        n_chains: independent chains, all started at the prior mode (default 2, so that split R-hat compares
-            chains).
-        step_size: MALA's initial step h (0.4, the official tutorial's).
-        tune: ``"burn_in"`` (default): h adapts after every burn-in iteration toward an acceptance rate of 0.574
-            (Robbins-Monro), then stays fixed for the kept samples; ``"always"``: the official code's rule (every
-            1000 iterations, x0.7 below 0.2 and x1.2 above 0.6 cumulative acceptance, never stopping: an adaptive
-            chain); ``"never"``.
+        sampler: ``"hmc"`` (default): Hamiltonian Monte Carlo, step size and diagonal mass matrix adapted in
+            burn-in (:func:`gpscale.mcmc.hmc`); ``"mala"``: the paper's Metropolis-adjusted Langevin sampler
+            (:func:`gpscale.mcmc.mala`).
+        n_iterations, burn_in, thin: iterations; iteration i is kept when ``i > burn_in and i % thin == 0``. None
+            (default) takes the sampler's (:data:`~gpscale.models.grief.chains.SAMPLER_DEFAULTS`): HMC 300 / 150 /
+            1 (149 samples per chain); MALA 10,000 / 1,000 / 50 (179 per chain, the paper's).
+        n_chains: chains, all started at the prior mode; None: 4 for HMC, 2 for MALA (split R-hat compares chains).
+        n_leapfrog: HMC's mean number of leapfrog steps per iteration (None: 8; MALA ignores it).
+        step_size: the initial step; None: HMC's 0.1 (dual averaging then finds it), MALA's h = 0.4 (the
+            official tutorial's).
+        tune: ``"burn_in"`` (default): the step (and HMC's mass matrix) adapts during burn-in only, then stays
+            fixed for the kept samples (MALA: Robbins-Monro toward an acceptance rate of 0.574 after every burn-in
+            iteration); ``"never"``; for MALA also ``"always"``: the official code's rule (every 1000 iterations,
+            x0.7 below 0.2 and x1.2 above 0.6 cumulative acceptance, never stopping: an adaptive chain).
         jacobian: include the exp transform's Jacobian ``sum(x)`` in the target (default True, the stated posterior);
             False drops it as the official code does (which samples softplus-transformed parameters).
         weight_prior_variance, noise_prior_variance: variances of the log-normal priors of u (mode 1) and sigma^2
@@ -177,34 +186,39 @@ class GRIEFI(GRIEFII):
         **kwargs: the options of :class:`GRIEFII` (``grid_size``, ``init_exact_points``, ``init_iterations``,
             ``jitter``, ``kernel``, ``lengthscale``, ``outputscale``, ``noise``, ``chunk_size``, ...).
 
-    After :meth:`fit_posterior`: ``mcmc_summary_`` (a dict of floats: acceptance rates, step sizes, split R-hat and
-    ESS, their worst values over (log u, log sigma^2) and sigma^2's own, the posterior mean of sigma^2),
-    ``parametrisation_`` (the one used) and ``cache["samples"]`` [C, S, q + 1] (the kept x = (log u, log sigma^2),
-    saved with the model). A :class:`~gpscale.models.grief.chains.ConvergenceWarning` says when a chain accepted
-    fewer than 5% of its proposals after burn-in, or the largest split R-hat exceeds 1.1 or is not finite.
+    After :meth:`fit_posterior`: ``mcmc_summary_`` (a dict of floats: acceptance rates, step sizes, split R-hat,
+    classic and rank-normalised, and ESS, their worst values over (log u, log sigma^2), over the weights and
+    sigma^2's own, the posterior mean of sigma^2), ``parametrisation_`` (the one used) and ``cache["samples"]``
+    [C, S, q + 1] (the kept x = (log u, log sigma^2), saved with the model). A
+    :class:`~gpscale.models.grief.chains.ConvergenceWarning` says when a chain accepted fewer than 5% of its
+    proposals after burn-in, or the largest classic split R-hat over the weights and sigma^2 (all that is sampled:
+    theta is fixed) exceeds 1.1 or is not finite.
     """
 
     trainable = False  # the chains run on the all-reduced statistics, identically seeded on every process
     # ``solver`` is the linear engine's algebra; the choice of the weights the chains sample is named for what it is
     renamed_options = {"solver": "parametrisation"}
-    posterior_options = ("parametrisation", "n_iterations", "burn_in", "thin", "n_chains", "step_size", "tune",
-                         "jacobian", "weight_prior_variance", "noise_prior_variance")
+    posterior_options = ("parametrisation", "sampler", "n_iterations", "burn_in", "thin", "n_chains", "n_leapfrog",
+                         "step_size", "tune", "jacobian", "weight_prior_variance", "noise_prior_variance")
     default_training = None  # no optimiser: not GP-GRIEF-II's row
     floor_sizes = {}  # sampled by MCMC: no gradient step to time
     # the benchmark's warm-up: a short chain, since epochs do not shorten the MCMC of the posterior fit
     warm_up_options = {"n_iterations": 60, "burn_in": 20, "thin": 10}
 
     def __init__(self, n_features: int, n_eigen: int | None = 1000, *, parametrisation: str = "auto",
-                 n_iterations: int = 10_000, burn_in: int = 1_000, thin: int = 50, n_chains: int = 2,
-                 step_size: float = 0.4, tune: str = "burn_in", jacobian: bool = True,
+                 sampler: str = "hmc", n_iterations: int | None = None, burn_in: int | None = None,
+                 thin: int | None = None, n_chains: int | None = None, n_leapfrog: int | None = None,
+                 step_size: float | None = None, tune: str = "burn_in", jacobian: bool = True,
                  weight_prior_variance: float = 100.0, noise_prior_variance: float = 0.04,
                  init_stretch: tuple[float, ...] = (1.0,), **kwargs):
         super().__init__(n_features, n_eigen, init_stretch=init_stretch, **kwargs)
         self.parametrisation = parametrisation
+        self.sampler = sampler
         self.n_iterations = n_iterations
         self.burn_in = burn_in
         self.thin = thin
         self.n_chains = n_chains
+        self.n_leapfrog = n_leapfrog
         self.step_size = step_size
         self.tune = tune
         self.jacobian = jacobian
@@ -264,14 +278,21 @@ class GRIEFI(GRIEFII):
     # --- posterior ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
-        """One statistics pass over (X, y), MALA, then the mixture moments of the weights (module docstring)."""
+        """One statistics pass over (X, y), the chains, then the mixture moments of the weights (module
+        docstring)."""
         self.check_posterior_options()  # posterior options may have been set as attributes since construction
         state = self.feature_state()  # kept: the cache must hold the eigenvectors (signs included) of Phi
         stats = self.statistics(X, y, comm, state)
         evidence = self.parametrised_evidence(stats)
-        result = mala(self.log_target(evidence), self.start(evidence), n_iterations=int(self.n_iterations),
-                      burn_in=int(self.burn_in), thin=int(self.thin), step_size=float(self.step_size),
-                      tune=self.tune, n_chains=int(self.n_chains), seed=int(self.seed_), vectorized=True)
+        settings = mcmc_settings(self)
+        budget = dict(n_iterations=int(settings["n_iterations"]), burn_in=int(settings["burn_in"]),
+                      thin=int(settings["thin"]), step_size=float(settings["step_size"]), tune=self.tune,
+                      n_chains=int(settings["n_chains"]), seed=int(self.seed_), vectorized=True)
+        if self.sampler == "hmc":
+            result = hmc(self.log_target(evidence), self.start(evidence), n_leapfrog=int(settings["n_leapfrog"]),
+                         **budget)
+        else:
+            result = mala(self.log_target(evidence), self.start(evidence), **budget)
         x = result.flat_samples
         noise = x[:, -1].exp()
         mean, cov = evidence.weight_moments(x[:, :-1].exp(), noise)

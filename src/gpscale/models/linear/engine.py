@@ -25,8 +25,8 @@ from ...distributed import LOCAL, Comm, global_count
 from ...linalg import CORE, cholesky, solve_lower
 from ...memory import check_tensors_fit, per_process_bytes
 from .weight_space import (FeatureMap, Statistics, WeightPosterior, accumulate, chunk_sums, evidence_maximising_noise,
-                           gram_and_cross_grad, held_statistics, log_evidence, residual_quad, weight_posterior_cholesky,
-                           weight_posterior_qr, weight_space_factors)
+                           gram_and_cross_grad, held_out_maximising_noise, held_statistics, log_evidence, residual_quad,
+                           weight_posterior_cholesky, weight_posterior_qr, weight_space_factors)
 from ..base import GPModel, PredictiveFactors
 from ..inducing import InducingFeatures, jittered_cholesky
 
@@ -80,8 +80,9 @@ class FeatureSpaceGP(GPModel):
     - ``solver``: ``'cholesky'`` (the Gram matrix of the features, whitened on the r x r core: fast), ``'qr'`` (TSQR
       of the features, row by row: stable for tiny noise and in float32) or ``'auto'`` (the default): ``'cholesky'``
       for the training objective on float64 data, ``'qr'`` for float32 data and for the posterior fit;
-    - ``calibrate_noise``: after training, set the noise of prediction to the maximiser of the evidence over sigma^2
-      alone, features fixed: ``None`` (the default: no calibration), ``'variance'`` (the posterior mean keeps the
+    - ``calibrate_noise``: after training, set the noise of prediction to the sigma^2 that maximises, features
+      fixed, the predictive density of the rows training held out (``val_fraction``), else the evidence of the
+      rows the posterior fits: ``None`` (the default: no calibration), ``'variance'`` (the posterior mean keeps the
       training noise, the variance takes the calibrated one) or ``'posterior'`` (both take it).
     """
 
@@ -90,6 +91,7 @@ class FeatureSpaceGP(GPModel):
     residual_evidence = False
     solver: str = "auto"
     calibrate_noise: str | None = None
+    held_out_noise: float | None = None  # set by calibrate_on_held_out for the posterior fit that follows it
     # what to do where Phi [n, r] held whole (:meth:`phi`) does not fit: the method's alternatives
     held_features_advice = "Use fewer features or fewer rows."
 
@@ -226,6 +228,7 @@ class FeatureSpaceGP(GPModel):
         """The posterior of w from the final hyperparameters (not the last batch's) in one streamed pass, with the
         noise calibrated as ``calibrate_noise`` says; the cache keeps the feature state, ``L_B`` and E[w | y]."""
         self.check_posterior_options()  # posterior options may have been set as attributes since construction
+        held_out = self.take_held_out_noise()
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         state = self.feature_state()
         if self.calibrate_noise is None:
@@ -236,12 +239,47 @@ class FeatureSpaceGP(GPModel):
         stats = self.statistics(X, y, comm, state)
         trained = self.weight_posterior(X, y, comm, state, posterior=True, stats=stats) \
             if self.calibrate_noise == "variance" else None
-        self.set_calibrated_noise(self.evidence_optimal_noise(stats))
+        self.set_calibrated_noise(self.evidence_optimal_noise(stats) if held_out is None else held_out)
         # Cholesky is safe here whatever the solver: the calibrated noise is the evidence's optimum, far above
         # the tiny training noise that made the normal matrix ill-conditioned
         calibrated = weight_posterior_cholesky(stats, self.noise)
         mean_from = trained if trained is not None else calibrated
         self.cache.update(**state, L_B=calibrated.L_B, w_mean=mean_from.weight_mean)
+
+    @torch.no_grad()
+    def calibrate_on_held_out(self, X_fit: Tensor, y_fit: Tensor, X_held: Tensor, y_held: Tensor,
+                              comm: Comm = LOCAL) -> None:
+        """With ``calibrate_noise`` set, have the next :meth:`fit_posterior` calibrate to the held-out rows'
+        sigma^2 (:meth:`held_out_optimal_noise`) instead of the evidence's on the rows it fits: trained features
+        fit their training rows more closely than new ones, so those rows understate the noise at new inputs."""
+        if self.calibrate_noise is not None:
+            self.held_out_noise = self.held_out_optimal_noise(X_fit, y_fit, X_held, y_held, comm)
+
+    def take_held_out_noise(self) -> float | None:
+        """The sigma^2 :meth:`calibrate_on_held_out` set for this posterior fit, if any, forgotten once taken (a
+        later fit on other rows calibrates on their evidence)."""
+        noise, self.held_out_noise = self.held_out_noise, None
+        return noise
+
+    @torch.no_grad()
+    def held_out_optimal_noise(self, X_fit: Tensor, y_fit: Tensor, X_held: Tensor, y_held: Tensor,
+                               comm: Comm = LOCAL) -> float:
+        """``argmax_{sigma^2} sum_h log N(y_h | E[f_h], Var[f_h] + sigma^2)`` over every process's held-out rows
+        (X_held [n_h, d], y_held [n_h]), w's posterior from (X_fit, y_fit) at sigma^2 (E[f_h] at the training
+        noise with ``calibrate_noise='variance'``): :func:`held_out_maximising_noise`."""
+        self.clear_cache()
+        state = self.feature_state()
+        stats = self.statistics(X_fit, y_fit, comm, state)
+        Phi_held = self.phi(X_held, state).to(CORE)
+        fixed_mean = None
+        if self.calibrate_noise == "variance":
+            fixed_mean = Phi_held @ self.weight_posterior(X_fit, y_fit, comm, state, posterior=True,
+                                                          stats=stats).weight_mean
+        extra = self.predictive_extra(Phi_held)
+        if self.trace_term:  # what the features leave of k(x, x)
+            extra = (0 if extra is None else extra) + self.prior_variance(X_held).to(CORE) - (Phi_held ** 2).sum(1)
+        return held_out_maximising_noise(stats, Phi_held, y_held, *self.noise_search_bounds(float(stats.yy) / stats.n),
+                                         fixed_mean=fixed_mean, extra=extra, comm=comm)
 
     def evidence_optimal_noise(self, stats: Statistics, bounds: tuple[float, float] | None = None) -> float:
         """``argmax_{sigma^2} log N(y | 0, Phi Phi^T + sigma^2 I)`` with the features fixed, within ``bounds``

@@ -36,7 +36,8 @@ from ..base import PredictiveFactors
 
 __all__ = ["Statistics", "WeightPosterior", "FeatureMap", "accumulate", "gram_and_cross_grad",
            "weight_posterior_cholesky", "weight_posterior_qr", "held_statistics", "residual_quad", "log_evidence",
-           "weight_space_factors", "weight_space_predictive", "evidence_maximising_noise", "maximise_over_noise"]
+           "weight_space_factors", "weight_space_predictive", "evidence_maximising_noise", "held_out_log_density",
+           "held_out_maximising_noise", "maximise_over_noise"]
 
 FeatureMap = Callable[[Tensor], Tensor]  # X [c, d] -> Phi [c, r]
 
@@ -358,6 +359,37 @@ def evidence_maximising_noise(stats: Statistics, lower: float, upper: float, gri
                        + yy / s2 - (g2 / (s2 * (s2 + lam))).sum())
 
     return maximise_over_noise(log_evidence_at, lower, upper, grid_points)
+
+
+def held_out_log_density(y: Tensor, mean: Tensor, var: Tensor, comm: Comm = LOCAL) -> float:
+    """``sum_h log N(y_h | mean_h, var_h)`` over every process's held-out rows (vectors [n_h], float64)."""
+    return float(comm.all_reduce_sum(-0.5 * ((y - mean) ** 2 / var + var.log() + math.log(2 * math.pi)).sum()))
+
+
+def held_out_maximising_noise(stats: Statistics, Phi_held: Tensor, y_held: Tensor, lower: float, upper: float, *,
+                              fixed_mean: Tensor | None = None, extra: Tensor | None = None,
+                              comm: Comm = LOCAL) -> float:
+    """``argmax_{sigma^2 in [lower, upper]} sum_h log N(y_h | mu_h, v_h + sigma^2)`` over held-out rows with
+    features Phi_held [n_h, r] and targets y_held [n_h], under the weight posterior at sigma^2 from the statistics
+    of other rows. With ``A = V diag(lam) V^T``, ``g = V^T b`` and ``P = Phi_held V``, every evaluation is
+    O(n_h r):
+
+        mu_h = sum_j P_hj g_j / (lam_j + sigma^2),     v_h = sum_j P_hj^2 sigma^2 / (lam_j + sigma^2) + extra_h,
+
+    the posterior mean and variance of ``phi_h^T w`` (``w | y ~ N(V diag(1 / (lam + sigma^2)) g,
+    V diag(sigma^2 / (lam + sigma^2)) V^T)``); ``fixed_mean`` [n_h] replaces mu_h where the predictive mean does not
+    take the calibrated noise, and ``extra`` [n_h] is a latent variance the features leave out."""
+    lam, V = torch.linalg.eigh(stats.A.to(CORE))
+    lam = lam.clamp_min(0.0)  # A is a Gram matrix; negative eigenvalues are round-off
+    g, P = V.T @ stats.b.to(CORE), Phi_held.to(CORE) @ V
+    y_held = y_held.to(CORE)
+    extra = torch.zeros_like(y_held) if extra is None else extra.to(CORE)
+
+    def log_density_at(s2: float) -> float:
+        mean = P @ (g / (lam + s2)) if fixed_mean is None else fixed_mean
+        return held_out_log_density(y_held, mean, (P * P) @ (s2 / (lam + s2)) + extra + s2, comm)
+
+    return maximise_over_noise(log_density_at, lower, upper, grid_points=60)
 
 
 def maximise_over_noise(objective: Callable[[float], float], lower: float, upper: float,

@@ -293,3 +293,14 @@ def test_the_estimator_checkpoints_and_resumes_to_the_uninterrupted_fit(tmp_path
         GPRegressor(epochs=2, checkpoint=tmp_path / "no" / "state.pt", **settings).fit(X, y)
     with pytest.raises(ValueError, match="resume=True continues from a checkpoint"):
         GPRegressor(epochs=2, resume=True, **settings).fit(X, y)
+
+
+def test_inducing_sizes_are_capped_at_the_rows_training_sees():
+    """softki holds out a tenth of 60 rows when it trains to convergence, so its 512 points become the 54 rows it
+    trains on (k-means cannot place more); with a fixed epochs it trains on all 60."""
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60, 3))
+    y = X.sum(1) + 0.1 * rng.normal(size=60)
+    assert GPRegressor(method="softki", max_steps=3, progress=False).fit(X, y).model_.n_inducing == 54
+    assert GPRegressor(method="softki", epochs=1, progress=False).fit(X, y).model_.n_inducing == 60
+    assert GPRegressor(method="softki", max_steps=3, val_fraction=0.5, progress=False).fit(X, y).model_.n_inducing == 30

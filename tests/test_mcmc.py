@@ -232,13 +232,15 @@ def test_default_tuning_reaches_the_target_acceptance_in_burn_in_then_fixes_h(sc
     torch.testing.assert_close(long.samples[:, :299], short.samples, rtol=0, atol=0)
 
 
-def test_a_non_finite_proposal_is_rejected_not_a_crash():
-    def log_target(x):  # NaN beyond x = 0.5 and +inf below -0.5 (a broken target): the chain must stay inside
-        lp = -0.5 * (x**2).sum(-1)
-        lp = torch.where(x[:, 0] < 0.5, lp, torch.full_like(lp, math.nan))
-        return torch.where(x[:, 0] > -0.5, lp, torch.full_like(lp, math.inf))
+def broken_target(x):
+    """NaN beyond x = 0.5 and +inf below -0.5 (a broken target): a chain must stay inside. x [C, 1] -> [C]."""
+    lp = -0.5 * (x**2).sum(-1)
+    lp = torch.where(x[:, 0] < 0.5, lp, torch.full_like(lp, math.nan))
+    return torch.where(x[:, 0] > -0.5, lp, torch.full_like(lp, math.inf))
 
-    res = mala(log_target, torch.zeros(1, dtype=f64), n_iterations=500, burn_in=50, thin=1, step_size=0.8,
+
+def test_a_non_finite_proposal_is_rejected_not_a_crash():
+    res = mala(broken_target, torch.zeros(1, dtype=f64), n_iterations=500, burn_in=50, thin=1, step_size=0.8,
                tune="never", n_chains=2, vectorized=True, seed=0)
     assert torch.isfinite(res.samples).all() and torch.isfinite(res.log_target).all()
     assert (res.samples.abs() < 0.5).all()
@@ -383,12 +385,7 @@ def test_hmc_is_reproducible_and_the_same_vectorised_or_looped():
 
 
 def test_hmc_rejects_trajectories_that_leave_the_support():
-    def log_target(x):  # NaN beyond x = 0.5 and +inf below -0.5 (a broken target): the chain must stay inside
-        lp = -0.5 * (x**2).sum(-1)
-        lp = torch.where(x[:, 0] < 0.5, lp, torch.full_like(lp, math.nan))
-        return torch.where(x[:, 0] > -0.5, lp, torch.full_like(lp, math.inf))
-
-    res = hmc(log_target, torch.zeros(1, dtype=f64), n_iterations=300, burn_in=50, thin=1, n_leapfrog=4,
+    res = hmc(broken_target, torch.zeros(1, dtype=f64), n_iterations=300, burn_in=50, thin=1, n_leapfrog=4,
               step_size=0.3, tune="never", n_chains=2, vectorized=True, seed=0)
     assert torch.isfinite(res.samples).all() and (res.samples.abs() < 0.5).all()
     assert ((res.acceptance_rate < 0.9) & (res.acceptance_rate > 0)).all()

@@ -24,6 +24,7 @@ from ..options import check_options, check_renamed
 from ..scaling import SCALINGS
 from ..sources import ArrayRows, StagedRows, Table, TableScan
 from ..train import TrainingError, fit
+from ..train.validation import held_out_fraction, rows_trained_on
 from .persistence import SavedEstimator
 from .rows import as_numpy, check_global_rows, named_blocks
 from .settings import all_method_options, check_device, checkpoint_settings, given_hyperparameters, resolve_dtype
@@ -193,7 +194,7 @@ class GPEstimator(SavedEstimator, BaseEstimator):
 
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
-        capped at the number of rows. Objects (a kernel) are copied, so that fit never changes what it was given."""
+        capped at the number of rows training sees. Objects (a kernel) are copied, so that fit never changes what it was given."""
         accepted = option_names(cls)
         options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}
@@ -208,9 +209,10 @@ class GPEstimator(SavedEstimator, BaseEstimator):
             if boolean and not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
             options[name] = bool(value) if boolean else value
-        for name in cls.sizes_capped_by_rows:  # at most one inducing point per row
+        trained_on = rows_trained_on(n, held_out_fraction(cls, self.val_fraction, self.epochs, n))
+        for name in cls.sizes_capped_by_rows:  # at most one inducing point per row trained on
             if name in accepted:
-                options[name] = min(int(options.get(name, option_default(cls, name))), n)
+                options[name] = min(int(options.get(name, option_default(cls, name))), trained_on)
         return {k: copy.deepcopy(v) if isinstance(v, torch.nn.Module) else v for k, v in options.items()}
 
     def refit_posterior(self, X, y, **posterior_options):

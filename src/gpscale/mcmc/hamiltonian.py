@@ -52,8 +52,8 @@ class _DualAveraging:
         self.restart(step)
 
     def restart(self, step: float) -> None:
-        self.mu, self.t, self.h_bar, self.log_step, self.log_step_bar = math.log(10 * step), 0, 0.0, math.log(
-            step), 0.0
+        self.mu, self.log_step = math.log(10 * step), math.log(step)
+        self.t, self.h_bar, self.log_step_bar = 0, 0.0, 0.0
 
     def update(self, acceptance: float) -> float:
         self.t += 1

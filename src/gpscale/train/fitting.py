@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoint import data_fingerprint
-from ..defaults import HELD_OUT_MAX_ROWS, Convergence, resolve_training
+from ..defaults import Convergence, resolve_training
 from ..distributed import LOCAL, Comm, broadcast_state, global_count
 from ..heap import hold_freed_heap
 from ..io import check_writable
@@ -26,7 +26,7 @@ from .batches import initialisation_rows
 from .checkpointing import Checkpointer, snapshot
 from .lbfgs_loop import optimise_lbfgs
 from .result import FitResult, TrainingError, check_improved, check_not_degenerate
-from .validation import validation_split
+from .validation import held_out_fraction, validation_split
 
 __all__ = ["fit", "OPTIMIZERS"]
 
@@ -135,9 +135,7 @@ def fit(
     from the held-out rows.
     """
     convergence = type(model).default_convergence if convergence is None else convergence
-    if val_fraction is None:  # a method's default: training to convergence, on at most HELD_OUT_MAX_ROWS rows
-        held_out = epochs is None and global_count(X.shape[0], comm) <= HELD_OUT_MAX_ROWS
-        val_fraction = model.training_defaults().val_fraction if held_out else 0.0
+    val_fraction = held_out_fraction(type(model), val_fraction, epochs, global_count(X.shape[0], comm))
     settings = resolve_training(model.training_defaults(), epochs=epochs, max_steps=max_steps,
                                 optimizer=optimizer, lr=lr, batch_size=batch_size,
                                 watched=val_fraction > 0 or checkpoint is not None)

@@ -6,9 +6,24 @@ import math
 
 import torch
 
+from ..defaults import HELD_OUT_MAX_ROWS
 from ..distributed import LOCAL
 
-__all__ = ["validation_split", "validation_nlpd"]
+__all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "validation_nlpd"]
+
+
+def held_out_fraction(model_class, val_fraction: float | None, epochs: int | None, n: int) -> float:
+    """The share of n rows a fit holds out: ``val_fraction`` where given, else the method's default
+    (``model_class.training_defaults().val_fraction``) when training to convergence on at most
+    :data:`~gpscale.defaults.HELD_OUT_MAX_ROWS` rows, else 0."""
+    if val_fraction is not None:
+        return val_fraction
+    return model_class.training_defaults().val_fraction if epochs is None and n <= HELD_OUT_MAX_ROWS else 0.0
+
+
+def rows_trained_on(n: int, fraction: float) -> int:
+    """The rows of n that a split holding out ``fraction`` trains on."""
+    return n - int(round(fraction * n)) if fraction > 0 else n
 
 
 def validation_split(X, y, fraction, generator, comm=LOCAL):
@@ -19,7 +34,7 @@ def validation_split(X, y, fraction, generator, comm=LOCAL):
         return X, y, None, None
     counts = comm.all_gather(torch.tensor([X.shape[0]], device=X.device)).cpu()
     n, offset = int(counts.sum()), int(counts[:comm.rank].sum())
-    n_val = int(round(fraction * n))
+    n_val = n - rows_trained_on(n, fraction)
     if n_val < 1 or n_val >= n:
         raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={n}.")
     held = torch.zeros(n, dtype=torch.bool)

@@ -193,8 +193,8 @@ class HVGP(VariationalGP):
     Inputs should be centred (negation is about the origin): gpscale's standardisation does this.
     """
 
-    # natural-gradient q as svgp's; fewer steps, since a step is dear
-    default_training = TrainingDefaults("adam", lr=0.1, max_steps=400)
+    # natural-gradient q and the cap as svgp's: a default fit is meant to end on the plateau rule, not the cap
+    default_training = TrainingDefaults("adam", lr=0.1, max_steps=5000)
     auto_dtype = "float32"  # faster than float64 at the same accuracy
     floor_sizes = {"small": BenchSize(2000, 8, {"n_inducing": 64}, 256),
                    "paper": BenchSize(13500, 26, {"n_inducing": 256}, 1024)}

@@ -296,11 +296,11 @@ def test_the_estimator_checkpoints_and_resumes_to_the_uninterrupted_fit(tmp_path
 
 
 def test_inducing_sizes_are_capped_at_the_rows_training_sees():
-    """softki holds out a tenth of 60 rows when it trains to convergence, so its 512 points become the 54 rows it
-    trains on (k-means cannot place more); with a fixed epochs it trains on all 60."""
+    """Held out of training, rows cannot hold inducing points (k-means cannot place more points than rows): softki's
+    512 become the rows it trains on. Its default holds out no rows of 60 (fewer than 50 would be held out)."""
     rng = np.random.default_rng(4)
     X = rng.normal(size=(60, 3))
     y = X.sum(1) + 0.1 * rng.normal(size=60)
-    assert GPRegressor(method="softki", max_steps=3, progress=False).fit(X, y).model_.n_inducing == 54
-    assert GPRegressor(method="softki", epochs=1, progress=False).fit(X, y).model_.n_inducing == 60
+    assert GPRegressor(method="softki", max_steps=3, progress=False).fit(X, y).model_.n_inducing == 60
+    assert GPRegressor(method="softki", max_steps=3, val_fraction=0.1, progress=False).fit(X, y).model_.n_inducing == 54
     assert GPRegressor(method="softki", max_steps=3, val_fraction=0.5, progress=False).fit(X, y).model_.n_inducing == 30

@@ -391,7 +391,7 @@ def test_a_validation_split_over_processes_is_the_one_process_split_of_the_conca
 
 
 def test_a_method_holds_out_its_default_share_of_the_rows_only_when_training_to_convergence():
-    X, y = toy_regression(n=100)
+    X, y = toy_regression(n=200)
     seen = []
 
     class HoldsOut(SGPR):
@@ -402,10 +402,13 @@ def test_a_method_holds_out_its_default_share_of_the_rows_only_when_training_to_
             seen.append((X_fit.shape[0], X_held.shape[0]))
 
     fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, progress=False)
-    assert seen == [(75, 25)]  # once, after training: no validation passes while converging
+    assert seen == [(150, 50)]  # once, after training: no validation passes while converging
     fit(HoldsOut(2, n_inducing=5).double(), X, y, epochs=2, progress=False)
     fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, val_fraction=0, progress=False)
-    assert seen == [(75, 25)]
+    fit(HoldsOut(2, n_inducing=5).double(), X[:196], y[:196], max_steps=3, progress=False)  # 49 < HELD_OUT_MIN_ROWS
+    assert seen == [(150, 50)]
+    fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, optimizer="lbfgs", progress=False)
+    assert seen == [(150, 50)] * 2  # L-BFGS on the rows kept: the plateau rule watches the training loss
 
 
 def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_global_rows_beyond(monkeypatch):

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 __all__ = ["TrainingDefaults", "Convergence", "CONVERGENCE", "FULL_BATCH_TRAINING", "MINIBATCH_TRAINING",
            "resolve_training", "Training", "AUTO_EXACT_MAX_N", "AUTO_EXACT_MAX_FLOPS", "AUTO_ITERATIVE_MAX_ENTRIES",
            "AUTO_ITERATIVE_PRODUCTS", "AUTO_INDUCING", "AUTO_COLLAPSED_MAX_WORK", "CHOLESKY_MEMORY_FRACTION",
-           "SGPR_WORK_BUDGET", "EXACT_EVIDENCE_BUDGET", "HELD_OUT_MAX_ROWS"]
+           "SGPR_WORK_BUDGET", "EXACT_EVIDENCE_BUDGET", "HELD_OUT_MAX_ROWS",
+           "HELD_OUT_MIN_ROWS"]
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class TrainingDefaults:
             evaluations of the loss).
         val_fraction: the share of the rows held out from training (validation, and what a model takes from rows
             it was not trained on: :meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`); 0 for none. It
-            applies to training to convergence on at most :data:`HELD_OUT_MAX_ROWS` rows: a fixed ``epochs``
-            trains on every row unless told otherwise.
+            applies to training to convergence on at most :data:`HELD_OUT_MAX_ROWS` rows where it holds out at
+            least :data:`HELD_OUT_MIN_ROWS`: a fixed ``epochs`` trains on every row unless told otherwise.
     """
 
     optimizer: str
@@ -66,6 +67,8 @@ class TrainingDefaults:
 # keeps, so beyond this a fit from a file would hold memory that grows with n; and the rows a model is trained on
 # understate the noise at new rows where it can nearly fit them, which is a small-data effect.
 HELD_OUT_MAX_ROWS = 100_000
+# ... and only where it holds out at least this many: a noise variance fitted to fewer is too loose an estimate
+HELD_OUT_MIN_ROWS = 50
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ CONSTRAINTS: dict[str, Constraint] = {
     "batch_size": _count("rows per minibatch"),
     "lr": _positive("the optimiser's learning rate"),
     "val_fraction": Constraint(False, low=0, high=1, high_open=True,
-                               means="the share of rows held out for early stopping, 0 for none"),
+                               means="the share of rows held out of training (validation, calibration), 0 for none"),
     "patience": _count("validation checks without improvement before training stops"),
     "val_every": _count("epochs between validation checks"),
     "seed": Constraint(True, low=0, means="the seed of every random draw"),

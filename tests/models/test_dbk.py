@@ -509,7 +509,7 @@ def test_dbk_held_out_noise_maximises_the_dense_held_out_density_and_the_posteri
 
 
 def test_dbk_defaults_hold_out_a_tenth_of_the_rows_for_the_noise_and_converge_on_the_training_loss():
-    X, y = make_friedman1(200, rng=3, d=5)
+    X, y = make_friedman1(600, rng=3, d=5)
     seen = []
     original = DBK.held_out_optimal_noise
 
@@ -519,7 +519,7 @@ def test_dbk_defaults_hold_out_a_tenth_of_the_rows_for_the_noise_and_converge_on
 
     with patch.object(DBK, "held_out_optimal_noise", recording):
         reg = GPRegressor(method="dbk", n_basis=8, width=16, max_steps=100, progress=False).fit(X, y)
-    assert [s[:2] for s in seen] == [(180, 20)]  # once, after training: no validation passes while converging
+    assert [s[:2] for s in seen] == [(540, 60)]  # once, after training: no validation passes while converging
     assert reg.model_.noise.item() == pytest.approx(seen[0][2], rel=1e-5)
     assert all("val_nlpd" not in record for record in reg.fit_result_.history)
     with patch.object(DBK, "held_out_optimal_noise", recording):

@@ -82,10 +82,12 @@ class GPRegressor(RegressorMixin, GPEstimator):
         Standardise y with its training mean and standard deviation (the methods' default hyperparameters assume
         unit-scale targets); False keeps y as given, for targets on a known scale.
     val_fraction : float or None, default=None
-        Hold out this fraction to watch the validation NLPD: training then stops when it stops improving, and
-        keeps the best parameters (0: no validation). None: the method's default when training to convergence on
-        up to 100,000 rows, 0 but for ``dbk`` and ``softki``, which hold out 0.1 to estimate their noise variance
-        on rows they were not trained on (``calibrate_noise``); else 0.
+        Hold out this fraction of the rows from training, to watch the validation NLPD (training then stops when
+        it stops improving, and keeps the best parameters; with a fixed ``epochs``, or to convergence unless the
+        method's plateau rule watches its training loss, as ``dbk``'s and ``softki``'s do) and for what a method
+        takes from rows it was not trained on (``dbk``'s and ``softki``'s ``calibrate_noise``); 0: none. None:
+        the method's default when training to convergence on up to 100,000 rows of which it holds out at least
+        50, 0 but for ``dbk`` and ``softki`` (0.1); else 0.
     patience : int or None, default=None
         With validation and a fixed ``epochs``: epochs without a better validation NLPD before training stops
         (None: 10); training to convergence: windows without improvement before the learning rate steps down.

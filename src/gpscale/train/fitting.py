@@ -116,8 +116,8 @@ def fit(
             alone writes the checkpoint. Every rank calls the model's loss on its part (see
             :meth:`~gpscale.models.base.GPModel.loss`): full-batch models all-reduce their statistics inside it,
             and a ``batch_coupled`` loss (SoftKI) gets the whole gathered batch on every rank. With
-            ``val_fraction``, each rank holds out that fraction of its shard and the validation NLPD is the mean
-            over all held-out rows.
+            ``val_fraction``, the rows held out are drawn over the global rows (the split one process holding
+            every row draws) and the validation NLPD is the mean over all of them.
         convergence: the plateau rule of training to convergence (default: the model class's
             ``default_convergence``).
         checkpoint_settings: the caller's settings that shape the trained state beyond those of this call (the
@@ -141,7 +141,8 @@ def fit(
                                 watched=val_fraction > 0 or checkpoint is not None)
     _check_positive(epochs=settings.epochs, max_steps=settings.max_steps, batch_size=settings.batch_size,
                     lr=settings.lr, patience=patience, val_every=val_every)
-    _check_optimizer(settings.optimizer, model, val_fraction=val_fraction, schedule=schedule, checkpoint=checkpoint)
+    _check_optimizer(settings.optimizer, model, schedule=schedule, checkpoint=checkpoint,
+                     validation=val_fraction > 0 and convergence.watch_validation)
     if settings.epochs is None and schedule not in (None, "constant"):
         raise ValueError(f"schedule={schedule!r} anneals over a fixed number of epochs; pass epochs=, or leave "
                          "schedule=None (training to convergence steps the learning rate down on plateaus).")
@@ -224,7 +225,7 @@ def _perturb(model: GPModel, generator: torch.Generator, scale: float) -> None:
                 p.add_(scale * torch.randn(p.shape, generator=generator).to(p))
 
 
-def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) -> None:
+def _check_optimizer(optimizer, model, *, validation, schedule, checkpoint) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}.")
     if optimizer != "lbfgs":
@@ -232,7 +233,7 @@ def _check_optimizer(optimizer, model, *, val_fraction, schedule, checkpoint) ->
     if not model.full_batch:
         raise ValueError(f"optimizer='lbfgs' needs the full-batch loss, but {model.key or type(model).__name__} "
                          "trains on minibatches; use optimizer='adam'.")
-    unsupported = {"val_fraction": val_fraction > 0, "schedule": schedule not in (None, "constant"),
+    unsupported = {"val_fraction": validation, "schedule": schedule not in (None, "constant"),
                    "checkpoint": checkpoint is not None}
     for name, given in unsupported.items():
         if given:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..defaults import HELD_OUT_MAX_ROWS
+from ..defaults import HELD_OUT_MAX_ROWS, HELD_OUT_MIN_ROWS
 from ..distributed import LOCAL
 
 __all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "validation_nlpd"]
@@ -15,10 +15,13 @@ __all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "validati
 def held_out_fraction(model_class, val_fraction: float | None, epochs: int | None, n: int) -> float:
     """The share of n rows a fit holds out: ``val_fraction`` where given, else the method's default
     (``model_class.training_defaults().val_fraction``) when training to convergence on at most
-    :data:`~gpscale.defaults.HELD_OUT_MAX_ROWS` rows, else 0."""
+    :data:`~gpscale.defaults.HELD_OUT_MAX_ROWS` rows of which it holds out at least
+    :data:`~gpscale.defaults.HELD_OUT_MIN_ROWS`, else 0."""
     if val_fraction is not None:
         return val_fraction
-    return model_class.training_defaults().val_fraction if epochs is None and n <= HELD_OUT_MAX_ROWS else 0.0
+    default = model_class.training_defaults().val_fraction
+    held_out = n - rows_trained_on(n, default)
+    return default if epochs is None and HELD_OUT_MIN_ROWS <= held_out and n <= HELD_OUT_MAX_ROWS else 0.0
 
 
 def rows_trained_on(n: int, fraction: float) -> int:

@@ -227,8 +227,8 @@ class FeatureSpaceGP(GPModel):
     def fit_posterior(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> None:
         """The posterior of w from the final hyperparameters (not the last batch's) in one streamed pass, with the
         noise calibrated as ``calibrate_noise`` says; the cache keeps the feature state, ``L_B`` and E[w | y]."""
+        held_out = self.take_held_out_noise()  # taken first: an error below must not leave it for another fit
         self.check_posterior_options()  # posterior options may have been set as attributes since construction
-        held_out = self.take_held_out_noise()
         self.clear_cache()  # a previous calibration must not be the starting point of this one
         state = self.feature_state()
         if self.calibrate_noise is None:
@@ -256,8 +256,8 @@ class FeatureSpaceGP(GPModel):
             self.held_out_noise = self.held_out_optimal_noise(X_fit, y_fit, X_held, y_held, comm)
 
     def take_held_out_noise(self) -> float | None:
-        """The sigma^2 :meth:`calibrate_on_held_out` set for this posterior fit, if any, forgotten once taken (a
-        later fit on other rows calibrates on their evidence)."""
+        """The sigma^2 :meth:`calibrate_on_held_out` set for this posterior fit, if any, forgotten once taken: any
+        later fit (a refit on the same rows included) calibrates on the evidence of the rows it fits."""
         noise, self.held_out_noise = self.held_out_noise, None
         return noise
 

@@ -171,8 +171,8 @@ class SoftKI(FeatureSpaceGP):
             fewer flops; whitening by L_zz keeps K_zz's conditioning out of it, but its condition number still
             grows like n / beta^2, which QR takes only the square root of) or ``'auto'`` (QR for the posterior).
         calibrate_noise: after training, re-estimate beta^2 in :meth:`fit_posterior`, Z and the kernel fixed:
-            the beta^2 that maximises the predictive density of the rows training held out (``val_fraction``, 0.1
-            by default for rows in memory), else the exact evidence ``log N(y | 0, Q~ + beta^2 I)`` of the rows it
+            the beta^2 that maximises the predictive density of the rows training held out (``val_fraction``, by
+            default 0.1 when training to convergence on 500 to 100,000 rows), else the exact evidence ``log N(y | 0, Q~ + beta^2 I)`` of the rows it
             fits. The paper's fixed 1e-3 is overconfident on held-out data; both modes fix the calibration of the
             variance:
 

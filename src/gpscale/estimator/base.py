@@ -194,7 +194,8 @@ class GPEstimator(SavedEstimator, BaseEstimator):
 
     def _model_options(self, cls: type[GPModel], n: int, common: dict, choice: Choice) -> dict:
         """Keyword options for ``cls``: the common ones it accepts, plus every method option (checked); sizes
-        capped at the number of rows training sees. Objects (a kernel) are copied, so that fit never changes what it was given."""
+        capped at the number of rows training sees. Objects (a kernel) are copied, so that fit never changes what
+        it was given."""
         accepted = option_names(cls)
         options = {k: v for k, v in {"n_inducing": self.n_inducing, **common}.items()
                    if k in accepted and v is not None}

@@ -1,8 +1,8 @@
 """Generic MCMC pieces for GP-GRIEF-I, which samples its kernel weights and noise variance: the log-normal prior
 given by (mode, variance) (:mod:`~gpscale.mcmc.priors`), positive-parameter transforms that keep the Jacobian
-(:mod:`~gpscale.mcmc.transforms`), two samplers driven by autograd: Metropolis-adjusted Langevin (MALA, the paper's) with
-its step size adapted during burn-in (:mod:`~gpscale.mcmc.langevin`) and Hamiltonian Monte Carlo with dual-averaged
-step size and a diagonal mass matrix adapted during burn-in (:mod:`~gpscale.mcmc.hamiltonian`), sharing
+(:mod:`~gpscale.mcmc.transforms`), two samplers driven by autograd: Metropolis-adjusted Langevin (MALA, the
+paper's) with its step size adapted during burn-in (:mod:`~gpscale.mcmc.langevin`) and Hamiltonian Monte Carlo with
+a dual-averaged step size and a diagonal mass matrix adapted during burn-in (:mod:`~gpscale.mcmc.hamiltonian`), sharing
 :mod:`~gpscale.mcmc.sampling`, and the split R-hat / effective-sample-size diagnostics
 (:mod:`~gpscale.mcmc.diagnostics`).
 

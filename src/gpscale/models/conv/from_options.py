@@ -20,8 +20,8 @@ def resolve_image_shape(image_shape, n_features: int, key: str) -> tuple[int, in
             return side, side, 1
         raise ValueError(f"{key} needs image_shape=(H, W) or (H, W, C): the shape of the images whose pixels the rows "
                          f"of X hold, flattened row-major over [H, W, C] (channels last), e.g. image_shape=(32, 32, 3) "
-                         f"for CIFAR-10; got none, and the n_features = {n_features} columns of X are not the pixels of "
-                         "a square single-channel image, the shape taken when none is given.")
+                         f"for CIFAR-10; got none, and the n_features = {n_features} columns of X are not the "
+                         "pixels of a square single-channel image, the shape taken when none is given.")
     try:
         shape = [operator.index(s) for s in image_shape]
     except TypeError:

@@ -267,12 +267,9 @@ class DBK(DeepBasisModel, FeatureSpaceGP):
     calibration_modes = (None, "posterior")
     held_features_advice = ("Use method='svdbk' (minibatches: memory O(batch_size x n_basis)), fewer basis functions "
                             "(n_basis=...), or fewer rows.")
-    # Full-batch Adam, not L-BFGS: on a network's weights L-BFGS stops on the plateau rule long before the fit
-    # converges. lr 1e-2 (ten times the DBK paper's 1e-3, which trains for 10,000 steps), and windows of 50 steps:
-    # Adam's full-batch loss on a network moves by less than the rule's tolerance over 10 steps while it still
-    # improves, so 10-step windows would cut the learning rate too early. A tenth of the rows is held out, and
-    # sigma^2 estimated on them (held_out_optimal_noise); training converges on the training loss, since the
-    # NLPD of a tenth of a small set is too noisy a guide to when to stop.
+    # Full-batch Adam to the plateau rule over windows of 50 steps, on the rows not held out; the plateau rule
+    # watches the training loss, and the tenth held out gives sigma^2 (held_out_optimal_noise). Why these and not
+    # L-BFGS, windows of 10 or stopping on the held-out NLPD: docs/dbk-notes.md.
     default_training = TrainingDefaults("adam", lr=1e-2, max_steps=5000, val_fraction=0.1)
     default_convergence = replace(CONVERGENCE, full_batch_window=50, watch_validation=False)
     auto_dtype = "float32"  # faster than float64 and no less accurate

@@ -390,6 +390,37 @@ def test_a_validation_split_over_processes_is_the_one_process_split_of_the_conca
     assert whole[0].tolist() == [row for row in X.tolist() if tuple(row) in fit_rows]  # the rows keep their order
 
 
+def test_a_validation_split_that_would_leave_a_process_no_training_rows_fails_on_every_process_alike():
+    """Every process draws the same global split, so each sees whether any would train on no rows (it could not
+    take part in the training's collectives) and raises the same error instead of leaving the others waiting."""
+    from gpscale.distributed import LocalComm
+    from gpscale.train.validation import validation_split
+
+    class RankOfTwo(LocalComm):  # shards of 1 and 9 rows
+        world_size = 2
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def all_gather(self, tensor):
+            return torch.tensor([1, 9])
+
+    X, y = toy_regression(n=10)
+    outcomes = []
+    for seed in range(6):
+        errors = []
+        for rank, (a, b) in enumerate([(0, 1), (1, 10)]):
+            try:
+                validation_split(X[a:b], y[a:b], 0.5, torch.Generator().manual_seed(seed), RankOfTwo(rank))
+                errors.append(None)
+            except ValueError as error:
+                errors.append(str(error))
+        assert errors[0] == errors[1]
+        outcomes.append(errors[0])
+    assert any(outcomes) and not all(outcomes)
+    assert "holds out every row of process 0" in next(o for o in outcomes if o)
+
+
 def test_a_method_holds_out_its_default_share_of_the_rows_only_when_training_to_convergence():
     X, y = toy_regression(n=200)
     seen = []
@@ -409,6 +440,25 @@ def test_a_method_holds_out_its_default_share_of_the_rows_only_when_training_to_
     assert seen == [(150, 50)]
     fit(HoldsOut(2, n_inducing=5).double(), X, y, max_steps=3, optimizer="lbfgs", progress=False)
     assert seen == [(150, 50)] * 2  # L-BFGS on the rows kept: the plateau rule watches the training loss
+
+
+def test_a_default_hold_out_serves_calibrate_noise_alone(monkeypatch):
+    """softki's default holds out a tenth of the rows for calibrate_noise's estimate of the noise; with
+    calibrate_noise=None nothing would use them, so it trains on every row, and the estimator caps its inducing
+    points at the rows trained on by the same rule."""
+    from gpscale import GPRegressor
+    from gpscale.models.linear.softki import SoftKI
+
+    X, y = toy_regression(n=600)
+    held = []
+    monkeypatch.setattr(SoftKI, "calibrate_on_held_out",
+                        lambda self, X_fit, y_fit, X_held, y_held, comm=LOCAL: held.append(X_held.shape[0]))
+    fit(SoftKI(2, n_inducing=8).double(), X, y, max_steps=3, progress=False)
+    fit(SoftKI(2, n_inducing=8, calibrate_noise=None).double(), X, y, max_steps=3, progress=False)
+    assert held == [60]
+    for calibrate, trained_on in (("variance", 540), (None, 600)):
+        fitted = GPRegressor(method="softki", n_inducing=600, max_steps=1, calibrate_noise=calibrate, progress=False)
+        assert fitted.fit(X.numpy(), y.numpy()).model_.n_inducing == trained_on
 
 
 def test_initialisation_sees_every_row_up_to_its_cap_and_a_seeded_sample_of_global_rows_beyond(monkeypatch):

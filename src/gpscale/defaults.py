@@ -53,7 +53,8 @@ class TrainingDefaults:
         val_fraction: the share of the rows held out from training (validation, and what a model takes from rows
             it was not trained on: :meth:`~gpscale.models.base.GPModel.calibrate_on_held_out`); 0 for none. It
             applies to training to convergence on at most :data:`HELD_OUT_MAX_ROWS` rows where it holds out at
-            least :data:`HELD_OUT_MIN_ROWS`: a fixed ``epochs`` trains on every row unless told otherwise.
+            least :data:`HELD_OUT_MIN_ROWS`: a fixed ``epochs`` trains on every row unless told otherwise. A
+            method may make it depend on its options (:meth:`~gpscale.models.base.GPModel.default_val_fraction`).
     """
 
     optimizer: str

@@ -8,7 +8,8 @@ from torch import nn
 from torch.distributions import MultivariateNormal
 
 from conftest import toy_regression
-from gpscale.models.linear.engine import CollapsedGP, Features, FeatureSpaceGP
+from gpscale.models.linear.collapsed import CollapsedGP
+from gpscale.models.linear.engine import Features, FeatureSpaceGP
 from gpscale.models.linear.weight_space import gram_and_cross_grad
 from gpscale.models.linear.sgpr import SGPR
 

@@ -210,7 +210,7 @@ class GPEstimator(SavedEstimator, BaseEstimator):
             if boolean and not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
             options[name] = bool(value) if boolean else value
-        trained_on = rows_trained_on(n, held_out_fraction(cls, self.val_fraction, self.epochs, n))
+        trained_on = rows_trained_on(n, held_out_fraction(cls, options, self.val_fraction, self.epochs, n))
         for name in cls.sizes_capped_by_rows:  # at most one inducing point per row trained on
             if name in accepted:
                 options[name] = min(int(options.get(name, option_default(cls, name))), trained_on)

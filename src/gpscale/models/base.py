@@ -136,11 +136,10 @@ class GPModel(nn.Module):
 
     Subclasses set ``full_batch = True`` when their objective needs all the data at once (collapsed bounds),
     ``batch_coupled = True`` when their minibatch loss is a function of the batch as a whole rather than a sum over
-    its rows (SoftKI's marginal likelihood of each batch), and
-    list in ``posterior_options`` the constructor options that act only in ``fit_posterior``: a trained model
-    takes new values of those by setting the attribute and refitting the posterior, without retraining. A model
-    whose inference happens entirely in ``fit_posterior`` (e.g. by MCMC) sets ``trainable = False``: training then
-    skips the optimiser and needs no ``loss``.
+    its rows (SoftKI's marginal likelihood of each batch), and list in ``posterior_options`` the constructor options
+    that act only in ``fit_posterior``: a trained model takes new values of those by setting the attribute and
+    refitting the posterior, without retraining. A model whose inference happens entirely in ``fit_posterior`` (e.g.
+    by MCMC) sets ``trainable = False``: training then skips the optimiser and needs no ``loss``.
 
     What the library does with a method when the caller does not say is declared here too (commented below), each
     with a generic default, so that a registered user model is treated as a built-in one.
@@ -152,8 +151,7 @@ class GPModel(nn.Module):
     batch_coupled: bool = False
     trainable: bool = True
     posterior_options: tuple[str, ...] = ()
-    # old option name -> new, for an option renamed so that each name has one meaning across the methods: the
-    # estimators refuse the old name with a message naming the new one (gpscale.options.check_renamed)
+    # old option name -> new (one meaning per name): the estimators refuse the old name, naming the new (check_renamed)
     renamed_options: ClassVar[dict[str, str]] = {}
     rebuilt_cache: tuple[str, ...] = ()  # cache entries the model forms again when missing: not saved, not copied
     # how it trains (optimiser, learning rate, batch size, step cap); None: the generic row (training_defaults)
@@ -181,6 +179,12 @@ class GPModel(nn.Module):
         """The step cap of a fit to convergence on n rows of d features with these constructor ``options`` (an option
         left out takes its default) when the caller gives no ``max_steps``; None: :meth:`training_defaults`'."""
         return None
+
+    @classmethod
+    def default_val_fraction(cls, options: dict) -> float:
+        """The share of the rows a fit to convergence holds out when the caller gives no ``val_fraction``, for these
+        constructor ``options`` (as :meth:`default_max_steps`): :meth:`training_defaults`'."""
+        return cls.training_defaults().val_fraction
 
     def __init__(self, n_features: int, *, kernel: str | Kernel = "rbf", ard: bool = True,
                  lengthscale: float | str = SOFTPLUS_ZERO, outputscale: float = SOFTPLUS_ZERO,

@@ -135,7 +135,8 @@ def fit(
     from the held-out rows.
     """
     convergence = type(model).default_convergence if convergence is None else convergence
-    val_fraction = held_out_fraction(type(model), val_fraction, epochs, global_count(X.shape[0], comm))
+    posterior = {name: getattr(model, name) for name in model.posterior_options}  # as refit_posterior sets them
+    val_fraction = held_out_fraction(type(model), posterior, val_fraction, epochs, global_count(X.shape[0], comm))
     settings = resolve_training(model.training_defaults(), epochs=epochs, max_steps=max_steps,
                                 optimizer=optimizer, lr=lr, batch_size=batch_size,
                                 watched=val_fraction > 0 or checkpoint is not None)

@@ -12,14 +12,14 @@ from ..distributed import LOCAL
 __all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "validation_nlpd"]
 
 
-def held_out_fraction(model_class, val_fraction: float | None, epochs: int | None, n: int) -> float:
-    """The share of n rows a fit holds out: ``val_fraction`` where given, else the method's default
-    (``model_class.training_defaults().val_fraction``) when training to convergence on at most
+def held_out_fraction(model_class, options: dict, val_fraction: float | None, epochs: int | None, n: int) -> float:
+    """The share of n rows a fit holds out: ``val_fraction`` where given, else the method's default for its
+    constructor ``options`` (``model_class.default_val_fraction(options)``) when training to convergence on at most
     :data:`~gpscale.defaults.HELD_OUT_MAX_ROWS` rows of which it holds out at least
     :data:`~gpscale.defaults.HELD_OUT_MIN_ROWS`, else 0."""
     if val_fraction is not None:
         return val_fraction
-    default = model_class.training_defaults().val_fraction
+    default = model_class.default_val_fraction(options)
     held_out = n - rows_trained_on(n, default)
     return default if epochs is None and HELD_OUT_MIN_ROWS <= held_out and n <= HELD_OUT_MAX_ROWS else 0.0
 
@@ -42,6 +42,11 @@ def validation_split(X, y, fraction, generator, comm=LOCAL):
         raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={n}.")
     held = torch.zeros(n, dtype=torch.bool)
     held[torch.randperm(n, generator=generator)[:n_val]] = True
+    kept = [int((~part).sum()) for part in held.split(counts.tolist())]  # the same on every process
+    if min(kept) < 1:  # a process without training rows could not take part in the training's collectives
+        raise ValueError(f"val_fraction={fraction} holds out every row of process {kept.index(0)} (rows parted "
+                         f"{counts.tolist()} over {comm.world_size} processes): give each process more rows, or "
+                         "pass val_fraction=0.")
     held = held[offset:offset + X.shape[0]].to(X.device)
     return X[~held], y[~held], X[held], y[held]
 

@@ -118,13 +118,14 @@ class DeepBasisModel(GPModel):
             the sigma^2 maximising ``sum_i E_q log N(y_i | phi_i^T w, sigma^2 + c_i)`` enters the variance of y
             only). Each method takes those its inference allows (:attr:`calibration_modes`). ``dbk`` takes the
             sigma^2 that maximises the predictive density of the rows training held out (``val_fraction``, 0.1 by
-            default: :meth:`DBK.held_out_optimal_noise`), else the corrected model's evidence
-            ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` on the rows it fits. Why calibrate: the trace penalty's
-            1/sigma^2 holds the trained sigma^2 above the residual noise, and the corrected predictive adds c(x*)
-            on top of it; and a network trained to convergence fits its training rows more closely than new ones,
-            so that a sigma^2 estimated on them is too small at new inputs, where held-out rows measure it. Both
-            modes act in :meth:`fit_posterior` only and :meth:`clear_cache` restores the training sigma^2, so the
-            training loss never sees the calibrated value; validation passes score the calibrated model.
+            default where calibrate_noise is set: :meth:`DBK.held_out_optimal_noise`), else the corrected model's
+            evidence ``log N(y | 0, Phi Phi^T + C_XX + sigma^2 I)`` on the rows it fits. Why calibrate: the trace
+            penalty's 1/sigma^2 holds the trained sigma^2 above the residual noise, and the corrected predictive
+            adds c(x*) on top of it; and a network trained to convergence fits its training rows more closely than
+            new ones, so that a sigma^2 estimated on them is too small at new inputs, where held-out rows measure
+            it. Both modes act in :meth:`fit_posterior` only and :meth:`clear_cache` restores the training
+            sigma^2, so the training loss never sees the calibrated value; validation passes score the calibrated
+            model.
         weight_decay: Adam's coupled L2 weight decay on the network's parameters only (default 1e-4, the paper's).
         noise: initial sigma^2 (default 1e-2, the paper's); ``noise_floor`` (default 1e-6) bounds it below.
         kernel: accepted only as None or ``'rbf'`` (the value :class:`~gpscale.GPRegressor` passes every method);

@@ -6,7 +6,7 @@ The inducing variables are RKHS projections of f onto a harmonic Fourier basis o
 D (2F + 1) features with K_uu block diagonal over dimensions, or product, (2F + 1)^D features with K_uu a Kronecker
 product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperparameters.
 
-``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.linear.engine.CollapsedGP`), trained
+``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.linear.collapsed.CollapsedGP`), trained
 full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
 covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models.variational.decoupled.OrthogonallyDecoupledGP`)
 with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
@@ -32,7 +32,7 @@ from ...kernels.separable import AdditiveMatern, ProductMatern
 from ...operators import DiagPlusLowRank, Kronecker
 from ...linalg import CORE
 from ...options import check_options
-from ..linear.engine import CollapsedGP
+from ..linear.collapsed import CollapsedGP
 from ..variational.decoupled import OrthogonallyDecoupledGP
 from ..base import BenchSize, register
 from ..inducing import InducingFeatures, InducingPoints, StackedFeatures, kmeans_centers

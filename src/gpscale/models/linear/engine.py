@@ -6,9 +6,9 @@ checkpointed) features, the evidence (streamed, or from Phi held in memory with 
 fit), the *weight posterior* p(w | y), prediction and noise calibration, all from the sufficient statistics of
 :mod:`gpscale.models.linear.weight_space` (memory O(chunk x r), never n x n; float64 r x r cores).
 
-*Collapsed* names one thing here: Titsias' collapsed bound over inducing features (:class:`CollapsedGP`, whose
-features are whitened inducing features and whose objective adds the trace term). Users: ``sgpr`` and ``vff``
-(collapsed), ``softki`` (softmax interpolation), ``grief`` (grid eigenfunctions) and ``dbk`` (a network's bases).
+Users: ``sgpr`` and ``vff`` (Titsias' collapsed bound over inducing features,
+:class:`~gpscale.models.linear.collapsed.CollapsedGP`), ``softki`` (softmax interpolation), ``grief`` (grid
+eigenfunctions) and ``dbk`` (a network's bases).
 """
 from __future__ import annotations
 
@@ -22,15 +22,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ...device import chunks_on
 from ...distributed import LOCAL, Comm, global_count
-from ...linalg import CORE, cholesky, solve_lower
+from ...linalg import CORE, solve_lower
 from ...memory import check_tensors_fit, per_process_bytes
 from .weight_space import (FeatureMap, Statistics, WeightPosterior, accumulate, chunk_sums, evidence_maximising_noise,
                            gram_and_cross_grad, held_out_maximising_noise, held_statistics, log_evidence, residual_quad,
                            weight_posterior_cholesky, weight_posterior_qr, weight_space_factors)
-from ..base import GPModel, PredictiveFactors
-from ..inducing import InducingFeatures, jittered_cholesky
+from ..base import GPModel, PredictiveFactors, option_default, option_names
 
-__all__ = ["FeatureSpaceGP", "CollapsedGP", "Features", "SOLVERS", "CALIBRATION_MODES"]
+__all__ = ["FeatureSpaceGP", "Features", "SOLVERS", "CALIBRATION_MODES"]
 
 SOLVERS = ("auto", "cholesky", "qr")
 CALIBRATION_MODES = (None, "variance", "posterior")
@@ -103,6 +102,15 @@ class FeatureSpaceGP(GPModel):
 
     def check_posterior_options(self) -> None:
         _check_engine_options(self.solver, self.calibrate_noise)
+
+    @classmethod
+    def default_val_fraction(cls, options: dict) -> float:
+        """Where the method offers ``calibrate_noise``, its default only while that is set (nothing else of the
+        engine's takes from held-out rows), else 0."""
+        if "calibrate_noise" not in option_names(cls):
+            return super().default_val_fraction(options)
+        calibrate = options.get("calibrate_noise", option_default(cls, "calibrate_noise"))
+        return super().default_val_fraction(options) if calibrate is not None else 0.0
 
     # --- what a method supplies -----------------------------------------------------------------------------
     def feature_state(self) -> dict[str, Tensor]:
@@ -405,46 +413,3 @@ def _check_engine_options(solver, calibrate_noise) -> None:
         raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, got {solver!r}.")
     if calibrate_noise not in CALIBRATION_MODES:
         raise ValueError(f"calibrate_noise must be one of {CALIBRATION_MODES}, got {calibrate_noise!r}.")
-
-
-class CollapsedGP(FeatureSpaceGP):
-    """Titsias' collapsed bound for any inducing features: ``phi(x) = L^{-1} k_u(x)`` with ``L L^T = K_uu +
-    jitter I``, so ``Phi Phi^T`` is the Nyström approximation ``K_fu K_uu^{-1} K_uf`` and
-
-        log p(y) >= log N(y | 0, Q + sigma^2 I) - (tr K_ff - tr Q) / (2 sigma^2).
-
-    A subclass sets ``self.features`` (an :class:`~gpscale.models.inducing.InducingFeatures`) and ``self.jitter``.
-    In float32 take ``solver='qr'`` (what ``'auto'`` does): whitening the Gram matrix amplifies its rounding by
-    cond(K_uu)^2, which learned inducing points can make large, where QR whitens row by row.
-    """
-
-    trace_term = True
-    features: InducingFeatures
-    jitter: float = 0.0
-
-    def feature_state(self) -> dict[str, Tensor]:
-        """``{"Lu": L}``, the Cholesky factor of K_uu + jitter I (float64)."""
-        return {"Lu": jittered_cholesky(self.features.Kuu(), self.jitter)}
-
-    def feature_map(self, state: dict[str, Tensor]) -> Features:
-        """``x -> L^{-1} k_u(x)``, whitened on the core by the Cholesky solver (computed in the data dtype)."""
-        return Features(lambda X: self.features.Kuf(X).to(X.dtype).T, whitening_factor=state["Lu"])
-
-    def prior_variance(self, X: Tensor) -> Tensor:
-        return self.features.Kff_diag(X)
-
-    def elbo(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
-        """Titsias' bound on log p(y) (float64 scalar), the training objective."""
-        post = self.weight_posterior(X, y, comm)
-        trace_term = (post.prior_trace - post.feature_trace) / self.noise.to(CORE)
-        return log_evidence(post, self.noise) - 0.5 * trace_term
-
-    def objective(self, X: Tensor, y: Tensor, comm: Comm = LOCAL) -> Tensor:
-        return self.elbo(X, y, comm)
-
-    def optimal_q(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """The optimal whitened q(v) = N(mean [m], S S^T), S [m, m] lower; SVGP with it attains this bound."""
-        post = self.weight_posterior(X, y)
-        eye = torch.eye(post.L_B.shape[0], dtype=post.L_B.dtype, device=post.L_B.device)
-        L_B_inv = solve_lower(post.L_B, eye)  # S S^T = B^{-1} = L_B^{-T} L_B^{-1}
-        return post.weight_mean, cholesky(L_B_inv.T @ L_B_inv, what="optimal q(v) covariance")

@@ -2,7 +2,7 @@
 
 With inducing points Z [m, d], ``Kuu = K(Z, Z) + jitter I = L L^T`` and features ``phi(x) = L^{-1} k_Z(x)``,
 the Nyström approximation ``Q = Phi Phi^T`` makes SGPR a Bayesian linear model plus a trace term
-(:class:`~gpscale.models.linear.engine.CollapsedGP`):
+(:class:`~gpscale.models.linear.collapsed.CollapsedGP`):
 
     log p(y) >= log N(y | 0, Q + sigma^2 I) - (tr K_ff - tr Q) / (2 sigma^2).
 """
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ... import defaults
 from ...defaults import FULL_BATCH_TRAINING
-from .engine import CollapsedGP
+from .collapsed import CollapsedGP
 from ..base import BenchSize, option_default, register
 from ..inducing import InducingPoints, kmeans_centers
 

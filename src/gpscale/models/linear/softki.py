@@ -172,9 +172,9 @@ class SoftKI(FeatureSpaceGP):
             grows like n / beta^2, which QR takes only the square root of) or ``'auto'`` (QR for the posterior).
         calibrate_noise: after training, re-estimate beta^2 in :meth:`fit_posterior`, Z and the kernel fixed:
             the beta^2 that maximises the predictive density of the rows training held out (``val_fraction``, by
-            default 0.1 when training to convergence on 500 to 100,000 rows), else the exact evidence
-            ``log N(y | 0, Q~ + beta^2 I)`` of the rows it fits. The paper's fixed 1e-3 is overconfident on held-out data; both modes fix the calibration of the
-            variance:
+            default 0.1 when training to convergence on 500 to 100,000 rows with calibrate_noise set; None holds
+            none out), else the exact evidence ``log N(y | 0, Q~ + beta^2 I)`` of the rows it fits. The paper's
+            fixed 1e-3 is overconfident on held-out data; both modes fix the calibration of the variance:
 
             - ``None``: no calibration, the paper's protocol (its intervals are far too narrow: on Friedman #1,
               95% intervals held 23% of the test points).

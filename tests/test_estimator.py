@@ -268,6 +268,20 @@ def test_refit_posterior_changes_posterior_options_without_training_again():
     assert reg.calibrate_noise == "variance"
 
 
+def test_a_refit_posterior_takes_the_rows_the_fit_held_out_as_a_fresh_fit_does():
+    """softki's default holds out a tenth of the rows for calibrate_noise; a refit with another mode draws the same
+    rows again from the seed, so it gives what a fresh fit with that mode gives (the training does not depend on it)
+    and not the training rows' evidence."""
+    X, y = data(600)
+    settings = dict(method="softki", n_inducing=10, max_steps=5, dtype="float64", progress=False)
+    reg = GPRegressor(**settings).fit(X, y)
+    assert reg.fit_result_.val_fraction == 0.1
+    reg.refit_posterior(X, y, calibrate_noise="posterior")
+    fresh = GPRegressor(**settings, calibrate_noise="posterior").fit(X, y)
+    np.testing.assert_allclose(reg.predict(X[:5], return_std=True), fresh.predict(X[:5], return_std=True),
+                               rtol=1e-10)
+
+
 def test_a_method_accepts_only_the_engine_options_it_honours():
     X, y = data(40)
     with pytest.raises(ValueError, match="Method 'grief' has no option 'solver'"):

@@ -131,7 +131,8 @@ def run_one(spec: MethodSpec, ds, *, seed: int, dtype: str, device: str = "cpu",
     """
     raw = ds if raw is None else raw
     record = {"n_train": ds.n_train, "n_test": ds.n_test, "d": ds.d}
-    torch_dtype = {"float64": torch.float64, "float32": torch.float32}[dtype]
+    # "auto": the estimators choose their dtype; a peer, and the test rows handed over, are then float64
+    torch_dtype = {"float64": torch.float64, "float32": torch.float32, "auto": torch.float64}[dtype]
     first, last = row_blocks(ds.n_train, comm.world_size)[comm.rank:comm.rank + 2]
     if is_peer(spec.key) and comm.world_size > 1:  # refused alike on every rank, before any collective
         return {**record, "status": "error", "error": "NotImplementedError: The peers run in one process."}

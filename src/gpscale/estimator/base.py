@@ -24,7 +24,8 @@ from ..options import check_options, check_renamed
 from ..scaling import SCALINGS
 from ..sources import ArrayRows, StagedRows, Table, TableScan
 from ..train import TrainingError, fit
-from ..train.validation import held_out_fraction, rows_trained_on
+from ..train.validation import (fit_posterior_after_held_out, held_out_fraction, rows_trained_on,
+                                validation_split)
 from .persistence import SavedEstimator
 from .rows import as_numpy, check_global_rows, named_blocks
 from .settings import all_method_options, check_device, checkpoint_settings, given_hyperparameters, resolve_dtype
@@ -220,7 +221,9 @@ class GPEstimator(SavedEstimator, BaseEstimator):
         """Refit the trained model's posterior on (X, y), the training rows in their original units, with new values
         of options that act only in the posterior fit (the model's ``posterior_options``: SoftKI's and DBK's
         ``calibrate_noise``, GP-GRIEF-I's MCMC settings), without training again; they become this estimator's
-        parameters. All or nothing: on an error the estimator keeps its earlier posterior. Returns self."""
+        parameters. Where the fit held rows out (``val_fraction``), the same rows, drawn again from ``seed``, serve
+        the new options as they served the fit's, so X and y must be the rows fit saw, in the same order. All or
+        nothing: on an error the estimator keeps its earlier posterior. Returns self."""
         check_is_fitted(self, "model_")
         if isinstance(X, Table):
             raise ValueError("refit_posterior takes the training rows as arrays (X, y); to fit from a Table again, "
@@ -242,10 +245,13 @@ class GPEstimator(SavedEstimator, BaseEstimator):
         for name, value in posterior_options.items():
             setattr(model, name, value)
         model.check_posterior_options()
-        dtype, device = self.dtype_, self.device_
-        with torch.no_grad():
-            model.fit_posterior(torch.tensor((X - self.x_mean_) / self.x_std_, dtype=dtype, device=device),
-                                torch.tensor(targets, dtype=dtype, device=device), self._comm())
+        X = torch.tensor((X - self.x_mean_) / self.x_std_, dtype=self.dtype_, device=self.device_)
+        y = torch.tensor(targets, dtype=self.dtype_, device=self.device_)
+        comm = self._comm()
+        held_out = self.fit_result_.val_fraction
+        with torch.no_grad():  # the rows the fit held out, drawn again from its seed, serve the options as in fit
+            split = validation_split(X, y, held_out, torch.Generator().manual_seed(self.seed), comm)
+            fit_posterior_after_held_out(model, X, y, split, comm)
         self.set_params(**posterior_options)
         self.model_, self.model_options_ = model.eval(), {**self.model_options_, **posterior_options}
         return self

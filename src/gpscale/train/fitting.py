@@ -26,7 +26,7 @@ from .batches import initialisation_rows
 from .checkpointing import Checkpointer, snapshot
 from .lbfgs_loop import optimise_lbfgs
 from .result import FitResult, TrainingError, check_improved, check_not_degenerate
-from .validation import held_out_fraction, validation_split
+from .validation import fit_posterior_after_held_out, held_out_fraction, validation_split
 
 __all__ = ["fit", "OPTIMIZERS"]
 
@@ -209,11 +209,9 @@ def fit(
                     result, state = FitResult(settings=settings, restarts=attempt + 1), None
         check_improved(result)
         check_not_degenerate(result, model, y_fit, comm, converged=result.converged is True)
-        if X_val is not None:
-            model.calibrate_on_held_out(X_fit, y_fit, X_val, y_val, comm)
-        model.fit_posterior(X, y, comm)
+        fit_posterior_after_held_out(model, X, y, (X_fit, y_fit, X_val, y_val), comm)
         release()
-        result.seconds = time.perf_counter() - start
+        result.seconds, result.val_fraction = time.perf_counter() - start, val_fraction
         return result
 
 

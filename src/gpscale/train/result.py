@@ -26,7 +26,8 @@ class FitResult:
     """What happened during :func:`fit`. ``history`` has one dict per epoch, or per L-BFGS iteration (epoch, the
     optimiser steps taken so far, loss, lr, seconds and, with validation, val_nlpd). ``settings`` are the training
     settings that ran (the defaults filled in). ``converged`` says, when training ran to convergence, whether the
-    plateau rule (or L-BFGS's own test) ended it before the cap of steps; None for a fixed number of epochs."""
+    plateau rule (or L-BFGS's own test) ended it before the cap of steps; None for a fixed number of epochs.
+    ``val_fraction`` is the share of the rows training held out (drawn by ``validation_split`` from the fit's seed)."""
 
     history: list[dict] = field(default_factory=list)
     settings: Training | None = None
@@ -35,6 +36,7 @@ class FitResult:
     stopped_early: bool = False
     converged: bool | None = None
     seconds: float = 0.0
+    val_fraction: float = 0.0
 
     @property
     def steps(self) -> int:

@@ -9,7 +9,8 @@ import torch
 from ..defaults import HELD_OUT_MAX_ROWS, HELD_OUT_MIN_ROWS
 from ..distributed import LOCAL
 
-__all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "validation_nlpd"]
+__all__ = ["held_out_fraction", "rows_trained_on", "validation_split", "fit_posterior_after_held_out",
+           "validation_nlpd"]
 
 
 def held_out_fraction(model_class, options: dict, val_fraction: float | None, epochs: int | None, n: int) -> float:
@@ -49,6 +50,16 @@ def validation_split(X, y, fraction, generator, comm=LOCAL):
                          "pass val_fraction=0.")
     held = held[offset:offset + X.shape[0]].to(X.device)
     return X[~held], y[~held], X[held], y[held]
+
+
+def fit_posterior_after_held_out(model, X, y, split, comm=LOCAL) -> None:
+    """Fit ``model``'s posterior on every row of (X, y) after it has taken what it takes from the rows that
+    ``split`` = :func:`validation_split`'s (X_fit, y_fit, X_held, y_held) held out, if any: the end of a fit, and a
+    refit of its posterior with other posterior options."""
+    X_fit, y_fit, X_held, y_held = split
+    if X_held is not None:
+        model.calibrate_on_held_out(X_fit, y_fit, X_held, y_held, comm)
+    model.fit_posterior(X, y, comm)
 
 
 @torch.no_grad()

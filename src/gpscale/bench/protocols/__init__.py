@@ -21,7 +21,7 @@ The file format, one ``[[protocol]]`` table per protocol::
     datasets = ["friedman1", "energy"]      # run in this order, on the protocol's splits
     dataset_splits = { energy = [0, 1] }    # optional: other splits for some datasets
     splits = [0, 1, 2]                      # default [0]; seeds likewise
-    dtype = "float32"                       # default float64
+    dtype = "float32"                       # default float64; "auto": each estimator's (a method's auto_dtype)
     requires_data = true                    # or a list: datasets skipped, with a note, when not on disk
     published = "quick.csv"                 # optional: label, dataset, then one column per metric
     source = "..."                          # where the published numbers come from

@@ -255,7 +255,7 @@ class DeepConvHVGP(VariationalGP):
             :class:`~gpscale.models.variational.engine.VariationalGP` (q is whitened in every layer).
     """
 
-    default_training = TrainingDefaults("adam", lr=0.01, batch_size=64, max_steps=200)  # as conv-hvgp
+    default_training = TrainingDefaults("adam", lr=0.01, batch_size=64, max_steps=200)  # conv-hvgp's rate and batch
     auto_dtype = "float32"  # faster than float64 at the same accuracy
     floor_sizes = {"small": BenchSize(2000, 64, {"image_shape": (8, 8), "filter_sizes": (3, 3), "strides": (1, 1),
                                                  "hidden_channels": 4, "hidden_inducing": 16, "n_inducing": 16}, 64),

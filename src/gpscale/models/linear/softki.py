@@ -197,12 +197,9 @@ class SoftKI(FeatureSpaceGP):
     posterior_options = ("calibrate_noise",)
     full_batch = False
     batch_coupled = True  # each batch's own marginal likelihood couples its rows
-    # a tenth of the rows held out for calibrate_noise's estimate of beta^2, training converging on the rest. Each
-    # batch's marginal likelihood is a noisy objective that keeps improving slowly long after two windows without a
-    # clear gain, so the plateau rule waits ten, at Adam's 0.03 (the paper's 50 epochs at 0.01 stop short of it);
-    # the cap lets a fit end on the rule ("Training long enough" in choosing.md measured these)
-    default_training = replace(MINIBATCH_TRAINING, lr=0.03, max_steps=20000, val_fraction=0.1)
-    default_convergence = replace(CONVERGENCE, watch_validation=False, patience=10)
+    # a tenth of the rows held out for calibrate_noise's estimate of beta^2, training converging on the rest
+    default_training = replace(MINIBATCH_TRAINING, val_fraction=0.1)
+    default_convergence = replace(CONVERGENCE, watch_validation=False)
     auto_dtype = "float32"  # faster than float64 at the same accuracy
     floor_sizes = {"small": BenchSize(2000, 8, {"n_inducing": 128}, 256),
                    "paper": BenchSize(13500, 26, {"n_inducing": 512}, 1024)}

@@ -19,6 +19,15 @@ from gpscale.preemption import Stopped, deferred_stop, stop_signals
 FIT = dict(method="svgp", n_inducing=8, epochs=3, batch_size=64, lr=0.05, seed=1, progress=False, dtype="float64")
 
 
+@pytest.fixture(autouse=True)
+def interactive_sigint():
+    """Ctrl-C at Python's own handler, as in a terminal, whatever this process inherited: a job started in the
+    background by a shell ignores SIGINT, and the library leaves a disposition the program chose as it is."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def data(n=300, shift=0.0, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, 2)) + shift

@@ -1,9 +1,9 @@
 """Inducing features, the definition both engines take: the covariances between inducing variables u and f.
 
 An :class:`InducingFeatures` module gives ``Kuu()`` [m, m], ``Kuf(X)`` [m, c] and ``Kff_diag(X)`` [c]. The collapsed
-bound (:class:`~gpscale.models.linear.collapsed.CollapsedGP`) whitens ``Kuf`` into the features of a Bayesian linear model;
-the variational engine (:mod:`gpscale.models.variational.engine`) keeps a q(u) over them. Inducing points (u = f(Z)) are
-the common case; Fourier features, harmonic blocks and stacks of several kinds are others.
+bound (:class:`~gpscale.models.linear.collapsed.CollapsedGP`) whitens ``Kuf`` into the features of a Bayesian
+linear model; the variational engine (:mod:`gpscale.models.variational.engine`) keeps a q(u) over them. Inducing
+points (u = f(Z)) are the common case; Fourier features, harmonic blocks and stacks of several kinds are others.
 """
 from __future__ import annotations
 

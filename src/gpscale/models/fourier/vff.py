@@ -6,16 +6,16 @@ The inducing variables are RKHS projections of f onto a harmonic Fourier basis o
 D (2F + 1) features with K_uu block diagonal over dimensions, or product, (2F + 1)^D features with K_uu a Kronecker
 product (D <= 3). Inside the box ``Kuf = phi(x)`` does not depend on the hyperparameters.
 
-``vff`` plugs the features into the collapsed Titsias bound (:class:`~gpscale.models.linear.collapsed.CollapsedGP`), trained
-full batch; ``odvff`` (Azzimonti et al., "Orthogonally decoupled variational Fourier features") makes them the
-covariance basis of the orthogonally decoupled SVGP (:class:`~gpscale.models.variational.decoupled.OrthogonallyDecoupledGP`)
-with inducing points gamma for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP
-form.
+``vff`` plugs the features into the collapsed Titsias bound
+(:class:`~gpscale.models.linear.collapsed.CollapsedGP`), trained full batch; ``odvff`` (Azzimonti et al.,
+"Orthogonally decoupled variational Fourier features") makes them the covariance basis of the orthogonally
+decoupled SVGP (:class:`~gpscale.models.variational.decoupled.OrthogonallyDecoupledGP`) with inducing points gamma
+for the mean, trained on minibatches; ``vff-svgp`` is ``odvff`` without gamma, VFF's SVGP form.
 
-The box is fixed at ``initialise_from_data`` from the training inputs: ``[min - margin r, max + margin r]`` per column, r its range.
-The induced kernel is accurate only a few lengthscales inside the box (at its ends the residual is about s^2 / 2 for
-every F: the features are periodic), so ``margin`` must exceed about 3 lengthscales / r, and F must grow with the
-box: omega_F = 2 pi F / (b - a) should exceed 3-4 lambda (lambda = sqrt(2 nu) / l).
+The box is fixed at ``initialise_from_data`` from the training inputs: ``[min - margin r, max + margin r]`` per
+column, r its range. The induced kernel is accurate only a few lengthscales inside the box (at its ends the
+residual is about s^2 / 2 for every F: the features are periodic), so ``margin`` must exceed about 3 lengthscales
+/ r, and F must grow with the box: omega_F = 2 pi F / (b - a) should exceed 3-4 lambda (lambda = sqrt(2 nu) / l).
 """
 from __future__ import annotations
 

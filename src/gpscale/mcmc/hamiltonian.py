@@ -10,8 +10,8 @@ import math
 import torch
 from torch import Tensor
 
-from .sampling import (MCMCResult, check_finite_start, check_positive_int, check_step_size, make_generator,
-                       prepare_start, value_and_grad)
+from .sampling import (ChainRecord, MCMCResult, check_positive_int, check_step_size, make_generator, prepare_start,
+                       start_chains, value_and_grad)
 from .transforms import LogTarget
 
 __all__ = ["HMC_TUNE_MODES", "HMC_TARGET_ACCEPTANCE", "hmc", "metric_windows"]
@@ -126,8 +126,6 @@ def hmc(
     step = check_step_size(step_size)
     if tune not in HMC_TUNE_MODES:
         raise ValueError(f"Expected tune to be one of {HMC_TUNE_MODES} for HMC. Got {tune!r}.")
-    if not (math.isfinite(init_jitter) and init_jitter >= 0):
-        raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
     x0, keep = prepare_start(x0, n_iterations, burn_in, thin)
 
     gen = make_generator(seed)
@@ -136,25 +134,14 @@ def hmc(
     def draw(sample, *shape: int) -> Tensor:
         return sample(*shape, generator=gen, dtype=dtype).to(device)
 
-    x = x0.expand(C, D).clone()
-    if init_jitter > 0:
-        x = x + init_jitter * draw(torch.randn, C, D)
-    lp, grad = value_and_grad(log_target, x, vectorized)
-    check_finite_start(lp, grad)
-
+    x, lp, grad = start_chains(log_target, x0, C, init_jitter, lambda *shape: draw(torch.randn, *shape), vectorized)
+    record = ChainRecord(keep, n_iterations, burn_in, x)
     inverse_metric = torch.ones(D, dtype=dtype, device=device)
     adapt = tune == "burn_in" and burn_in > 0
     averaging = _DualAveraging(step)
     windows = metric_windows(burn_in) if adapt else []
     window_states: list[Tensor] = []
-    samples = torch.empty(C, len(keep), D, dtype=dtype, device=device)
-    kept_lp = torch.empty(C, len(keep), dtype=dtype, device=device)
-    accepted = torch.zeros(C, dtype=torch.long, device=device)
-    accepted_burn_in = torch.zeros(C, dtype=torch.long, device=device)
-    slot, keep_set = 0, keep.tolist()
     for i in range(n_iterations):
-        if i == burn_in + 1:
-            accepted_burn_in = accepted.clone()
         if adapt and i == burn_in:
             step = averaging.final  # the kept samples' kernel: e and M fixed from here on
         n_steps = int(torch.randint(1, 2 * n_leapfrog, (), generator=gen))
@@ -168,8 +155,7 @@ def hmc(
         x = torch.where(accept[:, None], x_new, x)
         lp = torch.where(accept, lp_new, lp)
         grad = torch.where(accept[:, None], grad_new, grad)
-        accepted += accept
-
+        record.record(i, x, lp, accept)
         if adapt and i < burn_in:
             step = averaging.update(log_alpha.clamp(max=0.0).exp().mean().item())
             if windows and windows[0][0] <= i < windows[0][1]:
@@ -179,19 +165,7 @@ def hmc(
                 windows.pop(0)
                 window_states = []
                 averaging.restart(step)
-        if slot < len(keep_set) and i == keep_set[slot]:
-            samples[:, slot], kept_lp[:, slot] = x, lp
-            slot += 1
-
-    n_burn = burn_in + 1
-    return MCMCResult(
-        samples=samples,
-        log_target=kept_lp,
-        iterations=keep,
-        acceptance_rate=(accepted - accepted_burn_in).to(dtype) / (n_iterations - n_burn),
-        burn_in_acceptance_rate=accepted_burn_in.to(dtype) / n_burn,
-        step_size=torch.full((C,), step, dtype=dtype, device=device),
-    )
+    return record.result(torch.full((C,), step, dtype=dtype, device=device))
 
 
 def _leapfrog(log_target: LogTarget, x: Tensor, lp: Tensor, grad: Tensor, momentum: Tensor, e: float,

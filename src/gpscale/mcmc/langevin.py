@@ -9,8 +9,8 @@ import math
 import torch
 from torch import Tensor
 
-from .sampling import (MCMCResult, check_finite_start, check_positive_int, check_step_size, make_generator,
-                       prepare_start, value_and_grad)
+from .sampling import (ChainRecord, MCMCResult, check_positive_int, check_step_size, make_generator, prepare_start,
+                       start_chains, value_and_grad)
 from .transforms import LogTarget
 
 __all__ = ["TUNE_MODES", "TARGET_ACCEPTANCE", "ADAPTATION_DECAY", "mala"]
@@ -89,8 +89,6 @@ def mala(
     step_size = check_step_size(step_size)
     if tune not in TUNE_MODES:
         raise ValueError(f"Expected tune to be 'burn_in', 'always' or 'never'. Got {tune!r}.")
-    if not (math.isfinite(init_jitter) and init_jitter >= 0):
-        raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
     x0, keep = prepare_start(x0, n_iterations, burn_in, thin)
 
     gen = make_generator(seed)
@@ -100,25 +98,13 @@ def mala(
         # drawn on the host by the seeded generator, then moved: a chain on a GPU draws what it draws on the CPU
         return torch.randn(*shape, generator=gen, dtype=dtype).to(device)
 
-    x = x0.expand(C, D).clone()  # [C, D]
-    if init_jitter > 0:
-        x = x + init_jitter * normal(C, D)
-    lp, grad = value_and_grad(log_target, x, vectorized)  # [C], [C, D]
-    check_finite_start(lp, grad)
-
+    x, lp, grad = start_chains(log_target, x0, C, init_jitter, normal, vectorized)  # [C, D], [C], [C, D]
+    record = ChainRecord(keep, n_iterations, burn_in, x)
     h = torch.full((C,), float(step_size), dtype=dtype, device=device)  # [C]
-    samples = torch.empty(C, len(keep), D, dtype=dtype, device=device)
-    kept_lp = torch.empty(C, len(keep), dtype=dtype, device=device)
-    accepted_total = torch.zeros(C, dtype=torch.long, device=device)  # since iteration 0, for the tuning rule
-    accepted_burn_in = torch.zeros(C, dtype=torch.long, device=device)
-    slot = 0
-    keep_set = keep.tolist()
     for i in range(n_iterations):
         if tune == "always" and i > 0 and i % tune_every == 0:
-            rate = accepted_total.to(dtype) / i
+            rate = record.accepted.to(dtype) / i  # the cumulative rate, the official rule's
             h = torch.where(rate < 0.2, h * 0.7, torch.where(rate > 0.6, h * 1.2, h))
-        if i == burn_in + 1:
-            accepted_burn_in = accepted_total.clone()
 
         xi = normal(C, D)
         x_new = x + (h**2 / 2)[:, None] * grad + h[:, None] * xi  # [C, D]
@@ -134,23 +120,10 @@ def mala(
         x = torch.where(accept[:, None], x_new, x)
         lp = torch.where(accept, lp_new, lp)
         grad = torch.where(accept[:, None], grad_new, grad)
-        accepted_total += accept
+        record.record(i, x, lp, accept)
         if tune == "burn_in" and i < burn_in:
             h = _adapt_step_size(h, torch.where(finite, log_alpha, -math.inf), i)
-
-        if slot < len(keep_set) and i == keep_set[slot]:
-            samples[:, slot], kept_lp[:, slot] = x, lp
-            slot += 1
-
-    n_burn = burn_in + 1  # iterations 0..burn_in
-    return MCMCResult(
-        samples=samples,
-        log_target=kept_lp,
-        iterations=keep,
-        acceptance_rate=(accepted_total - accepted_burn_in).to(dtype) / (n_iterations - n_burn),
-        burn_in_acceptance_rate=accepted_burn_in.to(dtype) / n_burn,
-        step_size=h,
-    )
+    return record.result(h)
 
 
 def _adapt_step_size(h: Tensor, log_alpha: Tensor, i: int) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -14,8 +15,8 @@ from torch import Tensor
 
 from .transforms import LogTarget
 
-__all__ = ["MCMCResult", "kept_iterations", "value_and_grad", "check_positive_int", "check_step_size",
-           "make_generator", "prepare_start", "check_finite_start"]
+__all__ = ["MCMCResult", "ChainRecord", "kept_iterations", "value_and_grad", "check_positive_int", "check_step_size",
+           "make_generator", "prepare_start", "start_chains", "check_finite_start"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,52 @@ def prepare_start(x0, n_iterations: int, burn_in: int, thin: int) -> tuple[Tenso
         raise ValueError(f"No iteration i with burn_in < i < n_iterations is a multiple of thin={thin}: "
                          f"nothing would be kept. Lower thin or raise n_iterations.")
     return x0, keep
+
+
+def start_chains(log_target: LogTarget, x0: Tensor, n_chains: int, init_jitter: float,
+                 normal: Callable[..., Tensor], vectorized: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Every chain's start, x0 [D] plus ``init_jitter`` times ``normal(C, D)`` (the sampler's seeded draws), with
+    its log target and gradient; a start outside the support is refused. -> (x [C, D], lp [C], grad [C, D])"""
+    if not (math.isfinite(init_jitter) and init_jitter >= 0):
+        raise ValueError(f"Expected init_jitter to be a finite number >= 0. Got {init_jitter!r}.")
+    x = x0.expand(n_chains, x0.numel()).clone()
+    if init_jitter > 0:
+        x = x + init_jitter * normal(n_chains, x0.numel())
+    lp, grad = value_and_grad(log_target, x, vectorized)
+    check_finite_start(lp, grad)
+    return x, lp, grad
+
+
+class ChainRecord:
+    """What a sampler keeps of a run of C chains over D parameters: the states and log targets of the kept
+    iterations ``keep`` [S], and the acceptances counted from iteration 0 (``accepted`` [C]) and through
+    iteration ``burn_in``; :meth:`result` makes the :class:`MCMCResult`."""
+
+    def __init__(self, keep: Tensor, n_iterations: int, burn_in: int, x: Tensor):
+        C, D = x.shape
+        self.keep, self.n_iterations, self.burn_in = keep, n_iterations, burn_in
+        self.samples = torch.empty(C, len(keep), D, dtype=x.dtype, device=x.device)
+        self.log_target = torch.empty(C, len(keep), dtype=x.dtype, device=x.device)
+        self.accepted = torch.zeros(C, dtype=torch.long, device=x.device)
+        self.accepted_burn_in = torch.zeros(C, dtype=torch.long, device=x.device)
+        self._kept, self._slot = keep.tolist(), 0
+
+    def record(self, i: int, x: Tensor, lp: Tensor, accept: Tensor) -> None:
+        """Iteration i ended at states x [C, D] with log targets lp [C], having accepted ``accept`` [C] (bool)."""
+        self.accepted += accept
+        if i == self.burn_in:
+            self.accepted_burn_in = self.accepted.clone()
+        if self._slot < len(self._kept) and i == self._kept[self._slot]:
+            self.samples[:, self._slot], self.log_target[:, self._slot] = x, lp
+            self._slot += 1
+
+    def result(self, step_size: Tensor) -> MCMCResult:
+        """The run's result, with each chain's final step size [C]."""
+        n_burn, dtype = self.burn_in + 1, self.samples.dtype  # burn-in: iterations 0 .. burn_in
+        return MCMCResult(samples=self.samples, log_target=self.log_target, iterations=self.keep,
+                          acceptance_rate=(self.accepted - self.accepted_burn_in).to(dtype)
+                          / (self.n_iterations - n_burn),
+                          burn_in_acceptance_rate=self.accepted_burn_in.to(dtype) / n_burn, step_size=step_size)
 
 
 def check_finite_start(lp: Tensor, grad: Tensor) -> None:

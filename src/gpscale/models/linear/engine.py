@@ -107,10 +107,10 @@ class FeatureSpaceGP(GPModel):
     def default_val_fraction(cls, options: dict) -> float:
         """Where the method offers ``calibrate_noise``, its default only while that is set (nothing else of the
         engine's takes from held-out rows), else 0."""
-        if "calibrate_noise" not in option_names(cls):
-            return super().default_val_fraction(options)
-        calibrate = options.get("calibrate_noise", option_default(cls, "calibrate_noise"))
-        return super().default_val_fraction(options) if calibrate is not None else 0.0
+        offered = "calibrate_noise" in option_names(cls)
+        if offered and options.get("calibrate_noise", option_default(cls, "calibrate_noise")) is None:
+            return 0.0
+        return super().default_val_fraction(options)
 
     # --- what a method supplies -----------------------------------------------------------------------------
     def feature_state(self) -> dict[str, Tensor]:
@@ -264,8 +264,9 @@ class FeatureSpaceGP(GPModel):
             self.held_out_noise = self.held_out_optimal_noise(X_fit, y_fit, X_held, y_held, comm)
 
     def take_held_out_noise(self) -> float | None:
-        """The sigma^2 :meth:`calibrate_on_held_out` set for this posterior fit, if any, forgotten once taken: any
-        later fit (a refit on the same rows included) calibrates on the evidence of the rows it fits."""
+        """The sigma^2 :meth:`calibrate_on_held_out` set for this posterior fit, if any, forgotten once taken: a
+        later fit calibrates on the evidence of the rows it fits unless the held-out rows are given again (as the
+        estimators' ``refit_posterior`` does)."""
         noise, self.held_out_noise = self.held_out_noise, None
         return noise
 

@@ -7,7 +7,8 @@ import torch
 
 from gpscale import GPRegressor
 from gpscale.kernels import RBF, inverse_softplus
-from gpscale.kernels.harmonic import Negation, harmonic_kernel, harmonic_kernels
+from gpscale.kernels.harmonic import (Negation, harmonic_kernel, harmonic_kernels, negation_basis, pca_directions,
+                                     subspace_negations)
 from gpscale.models import get_model_class
 from gpscale.models.variational.gaussian_q import gauss_kl_whitened
 from gpscale.models.harmonic.hvgp import HVGP
@@ -190,15 +191,17 @@ def test_ard_kernels_are_refused_for_groups_that_mix_coordinates():
         HVGP(3, group="rotation")
 
 
-def test_pca_negation_learns_and_restores_its_directions(tmp_path):
+@pytest.mark.parametrize("group, basis_of", [("pca_negation", lambda model: model.pca_basis),
+                                             ("auto", lambda model: model.features.basis)])
+def test_a_basis_from_the_data_is_learnt_and_restored(tmp_path, group, basis_of):
     g = torch.Generator().manual_seed(5)
     A = torch.tensor([[2.0, 0.5, 0.0], [0.5, 1.0, 0.3], [0.0, 0.3, 0.4]], dtype=F64)
     X = torch.randn(400, 3, generator=g, dtype=F64) @ A
     y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 + 0.05 * torch.randn(400, generator=g, dtype=F64)
-    reg = GPRegressor(method="hvgp", n_inducing=8, n_ways=2, epochs=3, batch_size=100, dtype="float64",
-                      seed=0).fit(X.numpy(), y.numpy())
+    reg = GPRegressor(method="hvgp", group=group, n_inducing=8, n_ways=2, epochs=3, batch_size=100,
+                      dtype="float64", seed=0).fit(X.numpy(), y.numpy())
     assert reg.model_.q_mu.shape == (4, 8)  # 2 ways: T = 4 blocks
-    basis = reg.model_.pca_basis
+    basis = basis_of(reg.model_)
     assert not torch.allclose(basis, torch.eye(3, dtype=basis.dtype))
     reg.save(tmp_path / "hvgp.gps")
     again = GPRegressor.load(tmp_path / "hvgp.gps")
@@ -206,6 +209,51 @@ def test_pca_negation_learns_and_restores_its_directions(tmp_path):
     mean2, std2 = again.predict(X[:20].numpy(), return_std=True)
     torch.testing.assert_close(torch.as_tensor(mean2), torch.as_tensor(mean))
     torch.testing.assert_close(torch.as_tensor(std2), torch.as_tensor(std))
+
+
+def test_negation_basis_keeps_the_axes_of_uncorrelated_inputs_and_takes_the_principal_directions_else():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(4000, 6, generator=g, dtype=F64) * torch.tensor([3.0, 1.0, 2.0, 0.5, 1.0, 1.0], dtype=F64)
+    torch.testing.assert_close(negation_basis(X, 3), torch.eye(6, dtype=F64))  # independent columns
+    rotation = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=F64))[0]
+    torch.testing.assert_close(negation_basis(X @ rotation, 3), pca_directions(X @ rotation))
+
+
+def test_auto_is_the_coordinate_negation_model_on_the_inputs_in_its_basis():
+    """group='auto' with basis B on X is group='pixel_negation' on X B with the same ARD kernel, Z and q: the same
+    ELBO and predictions; and its kernel on X B is invariant under the negations of B's interleaved columns."""
+    g = torch.Generator().manual_seed(11)
+    X = torch.randn(60, 4, generator=g, dtype=F64) @ torch.randn(4, 4, generator=g, dtype=F64)
+    y = torch.sin(X[:, 0]) + X[:, 1]
+    auto = HVGP(4, n_inducing=5, n_ways=2, jitter=1e-10).double()
+    auto.initialise(X, y)
+    B = auto.features.basis
+    assert auto.kernel.lengthscale.shape == (4,) and not torch.allclose(B.abs(), torch.eye(4, dtype=F64))
+    with torch.no_grad():
+        auto.kernel.raw_lengthscale.copy_(torch.tensor([0.3, -0.2, 0.8, 0.1], dtype=F64))
+        auto.features.Z.add_(0.1 * torch.randn(auto.features.Z.shape, generator=g, dtype=F64))
+        auto.q_mu.copy_(torch.randn(auto.q_mu.shape, generator=g, dtype=F64))
+    axes = HVGP(4, n_inducing=5, group="pixel_negation", n_ways=2, ard=True, jitter=1e-10).double()
+    axes.load_state_dict({k: v for k, v in auto.state_dict().items() if k != "features.basis"})
+    torch.testing.assert_close(auto.elbo(X, y, 60), axes.elbo(X @ B, y, 60), rtol=1e-10, atol=1e-10)
+    for model, inputs in ((auto, X), (axes, X @ B)):
+        model.fit_posterior(inputs, y)
+    for a, b in zip(auto.predict(X[:7]), axes.predict(X[:7] @ B)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    negate = subspace_negations(B, 2)
+    for s in range(negate.order):  # k(B^T G^s x, B^T G^s x') = k(B^T x, B^T x') for the ARD kernel
+        moved = negate.apply(X[:9], s) @ B
+        torch.testing.assert_close(auto.kernel(moved, moved), auto.kernel(X[:9] @ B, X[:9] @ B))
+
+
+def test_hvgp_at_its_defaults_takes_inputs_of_one_or_two_columns():
+    g = torch.Generator().manual_seed(2)
+    for d in (1, 2):
+        X = torch.randn(200, d, generator=g, dtype=F64)
+        reg = GPRegressor(method="hvgp", n_inducing=8, epochs=2, batch_size=100, dtype="float64", seed=0)
+        reg.fit(X.numpy(), X.sum(1).numpy())
+        assert reg.model_.features.blocks == 2**d
+        assert reg.predict(X[:5].numpy()).shape == (5,)
 
 
 def test_17_hvgp_beats_svgp_of_one_block_on_symmetric_data():

@@ -24,12 +24,13 @@ sum of similar numbers, and in float32 the cancellation can cost the sub-kernel 
 semi-definiteness.
 """
 from .actions import (CyclicShift, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation, OrthogonalAction,
-                      SubspaceNegation, pca_directions, pca_negations, sphere_embedding, subspace_negations)
+                      SubspaceNegation, negation_basis, pca_directions, pca_negations, sphere_embedding,
+                      subspace_negations)
 from .algebra import (block_harmonic_grams, check_invariant, harmonic_gram, harmonic_kernel, harmonic_kernels,
                       orbit_gram)
 from .group import GroupAction, Product, real_weights
 
-__all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "subspace_negations",
-           "pca_negations", "CyclicShift", "OrthogonalAction", "LongitudeRotation", "sphere_embedding", "ImageRoll",
-           "ImageFlip", "Product", "real_weights", "orbit_gram", "harmonic_kernels", "harmonic_kernel",
-           "harmonic_gram", "block_harmonic_grams", "check_invariant"]
+__all__ = ["GroupAction", "Identity", "Negation", "SubspaceNegation", "pca_directions", "negation_basis",
+           "subspace_negations", "pca_negations", "CyclicShift", "OrthogonalAction", "LongitudeRotation",
+           "sphere_embedding", "ImageRoll", "ImageFlip", "Product", "real_weights", "orbit_gram", "harmonic_kernels",
+           "harmonic_kernel", "harmonic_gram", "block_harmonic_grams", "check_invariant"]

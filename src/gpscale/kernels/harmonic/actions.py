@@ -101,6 +101,27 @@ def pca_directions(X: Tensor) -> Tensor:
     return U[:, eigenvalues.argsort(descending=True)]
 
 
+def negation_basis(X: Tensor, n_ways: int, tolerance: float = 0.25) -> Tensor:
+    """The orthonormal basis [d, d] (columns) whose ``n_ways`` interleaved negations (way j negates columns j,
+    J + j, 2J + j, ...) leave the distribution of the training inputs X [n, d] (nearly) invariant, as the harmonic
+    decomposition wants (Sun et al. 2021, Thm 4.2): the input axes (the identity) where each way's coordinate
+    negation D_j changes the inputs' correlation matrix C by less than ``tolerance`` of its norm,
+    ``||D_j C D_j - C||_F < tolerance ||C||_F`` (inputs with nearly uncorrelated columns, whose principal directions
+    the data do not determine), else the :func:`pca_directions`, whose negations leave C unchanged by construction.
+    Negations of the axes keep an ARD kernel invariant, those of other directions an ARD kernel in their basis."""
+    Xc = X.detach().to(torch.float64)
+    Xc = Xc - Xc.mean(0)
+    scale = Xc.square().sum(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    C = (Xc / scale).T @ (Xc / scale)  # correlations; a constant column is uncorrelated with the rest
+    d = X.shape[-1]
+    for j in range(min(n_ways, d)):
+        sign = torch.ones(d, dtype=torch.float64)
+        sign[j::n_ways] = -1.0
+        if torch.linalg.norm(sign[:, None] * C * sign - C) >= tolerance * torch.linalg.norm(C):
+            return pca_directions(X)
+    return torch.eye(d, dtype=torch.float64)
+
+
 def subspace_negations(basis: Tensor, n_ways: int) -> Product:
     """The J-way product of :class:`SubspaceNegation`: way j negates the orthonormal columns j, J + j, 2J + j, ...
     of ``basis`` [d, k]. S = T = 2^J."""

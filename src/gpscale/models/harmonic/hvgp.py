@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from ...defaults import TrainingDefaults
 from ...kernels import Kernel
 from ...kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
-                                Product, block_harmonic_grams, check_invariant, harmonic_gram, orbit_gram,
-                                pca_directions, subspace_negations)
+                                Product, block_harmonic_grams, check_invariant, harmonic_gram, negation_basis,
+                                orbit_gram, pca_directions, subspace_negations)
 from ...kernels.stationary import weighted_grams
 from ...linalg import solve_lower
 from ..variational.engine import VariationalGP
@@ -55,9 +55,12 @@ class HarmonicFeatures(InducingFeatures):
         action: the group (:class:`~gpscale.kernels.harmonic.GroupAction`).
         m: inducing inputs per block; d: input dimension.
         shared: one Z [m, d] for every block, else Z [T, m, d].
+        rotated: the kernel, the group and Z act on the inputs' coordinates in an orthonormal basis B [d, d] (the
+            buffer ``basis``, the identity until set): k(B^T x, B^T x') with u_t built on Z_t in those coordinates.
     """
 
-    def __init__(self, kernel: Kernel, action: GroupAction, m: int, d: int, shared: bool = False):
+    def __init__(self, kernel: Kernel, action: GroupAction, m: int, d: int, shared: bool = False,
+                 rotated: bool = False):
         super().__init__()
         self.kernel = kernel
         self.action = action
@@ -65,6 +68,11 @@ class HarmonicFeatures(InducingFeatures):
         self.num_inducing = self.blocks * int(m)
         self.shared = bool(shared)
         self.Z = nn.Parameter(torch.zeros(m, d) if shared else torch.zeros(self.blocks, m, d))
+        self.register_buffer("basis", torch.eye(d) if rotated else None)
+
+    def coordinates(self, X: Tensor) -> Tensor:
+        """X [n, d] in the coordinates the features work in: X B where ``rotated``, else X."""
+        return X if self.basis is None else X @ self.basis.to(X)
 
     def Kuf(self, X: Tensor, blocks: slice = ALL) -> Tensor:
         """``k_t(Z_t, X)`` [T, m, c] for the blocks t in ``blocks``, on X's device: the sub-kernel of each block,
@@ -79,6 +87,7 @@ class HarmonicFeatures(InducingFeatures):
         a kernel launch per operator, and chunks of one block would about double a step's operators (the
         measurements behind both sizes are on the HVGP lab notes page)."""
         kernel = kernel_on(self.kernel, X.device)
+        X = self.coordinates(X)
         W = self.action.weights(X.dtype, X.device)[blocks]  # block t takes row t
         if self.shared:  # one orbit serves every block
             return torch.einsum("ts,sij->tji", W, orbit_gram(kernel, self.action, X, self.Z.to(X.device)))
@@ -113,7 +122,7 @@ class HarmonicFeatures(InducingFeatures):
         return torch.stack([harmonic_gram(kernel, self.action, Zt, t) for t, Zt in zip(ts, Z)])
 
     def Kff_diag(self, X: Tensor) -> Tensor:
-        return self.kernel.diag(X)  # k(x, x) = sum_t k_t(x, x)
+        return self.kernel.diag(self.coordinates(X))  # k(x, x) = sum_t k_t(x, x)
 
 
 def _weighted_orbit_gram(kernel, X: Tensor, orbits: Tensor, W: Tensor) -> Tensor:
@@ -129,8 +138,8 @@ def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:
     model._rebuild_action()
 
 
-GROUPS = ("negation", "pca_negation", "pixel_negation", "cyclic_shift", "longitude", "image_roll", "image_flip",
-          "identity")
+GROUPS = ("auto", "negation", "pca_negation", "pixel_negation", "cyclic_shift", "longitude", "image_roll",
+          "image_flip", "identity")
 # an ARD kernel is not invariant to these: they mix coordinates
 _ISOTROPIC_GROUPS = ("pca_negation", "cyclic_shift", "longitude", "image_roll", "image_flip")
 
@@ -141,7 +150,7 @@ def make_group(name: str, n_features: int, *, basis: Tensor, n_ways: int, period
     descending variance) for ``'pca_negation'``."""
     if name == "pca_negation":
         return subspace_negations(basis, n_ways)
-    if name == "pixel_negation":  # way j negates the coordinates j, J + j, 2J + j, ... (interleaved pixel sets)
+    if name in ("pixel_negation", "auto"):  # way j negates the coordinates j, J + j, 2J + j, ... (interleaved sets)
         if not 1 <= n_ways <= n_features:
             raise ValueError(f"n_ways={n_ways} must be between 1 and the {n_features} input columns.")
         return Product([Negation(dims=range(j, n_features, n_ways)) for j in range(n_ways)])
@@ -169,15 +178,20 @@ class HVGP(VariationalGP):
     Args:
         n_inducing: m, inducing inputs per sub-GP (T m in all; k-means initialised, the same for every block).
         group: the symmetry the kernel and, ideally, the inputs' distribution share (Thm 4.2):
-            ``'pca_negation'`` (default; ``n_ways`` negations of interleaved PCA subspaces of the training inputs,
-            T = 2^n_ways: the paper's regression benchmarks), ``'negation'`` (x -> -x, T = 2), ``'pixel_negation'``
+            ``'auto'`` (default; ``n_ways`` negations of interleaved coordinate sets in the basis the training
+            inputs pick, :func:`~gpscale.kernels.harmonic.negation_basis`: their axes where the columns are nearly
+            uncorrelated, else their principal directions; the kernel acts on the coordinates in that basis, so
+            an ARD kernel stays invariant), ``'pca_negation'`` (``n_ways`` negations of interleaved PCA subspaces
+            of the training inputs, T = 2^n_ways, with a shared lengthscale: the paper's regression benchmarks),
+            ``'negation'`` (x -> -x, T = 2), ``'pixel_negation'``
             (``n_ways`` negations of interleaved coordinate sets: the paper's NEG on images), ``'cyclic_shift'``
             (roll the coordinates, P = d), ``'longitude'`` (rotate 3-D unit vectors about the z axis by
             360 / ``period`` degrees: the paper's Earth data), ``'image_roll'`` (cyclic translations of flattened
             images by ``step`` pixels along rows and columns: the paper's TRAN, T = 16 for 28 x 28 and step 4),
             ``'image_flip'`` (up-down and left-right flips, T = 4), ``'identity'`` (T = 1: SVGP); or a
             :class:`~gpscale.kernels.harmonic.GroupAction`.
-        n_ways: J for ``'pca_negation'`` and ``'pixel_negation'`` (default 3).
+        n_ways: J for ``'auto'``, ``'pca_negation'`` and ``'pixel_negation'`` (default None: 3, or d for inputs of
+            fewer columns).
         period: P for ``'longitude'`` (default 12).
         image_shape, step: the images' (height, width) and the roll's step for the image groups (default (28, 28)
             and 4).
@@ -186,7 +200,8 @@ class HVGP(VariationalGP):
             near-equal size: each group's K_uu, Cholesky factor, K_uf and solves run on its device, and only the
             [c]-sized moments return to the model's device, where the parameters stay (the paper runs its 8 x M
             models on 8 GPUs). Each step copies the groups' Z and q there: T m (d + m) numbers.
-        kernel: default ``'matern32'`` with ``ard=False``: a shared lengthscale keeps the kernel invariant under
+        kernel, ard: default ``'matern32'``, with ARD lengthscales (``ard=None``) under ``group='auto'`` and
+            one shared lengthscale under every other group: a shared lengthscale keeps the kernel invariant under
             rotations and PCA negations; an ARD kernel is refused where it is not invariant.
         **kwargs: ``jitter`` and the options of :class:`GPModel`.
 
@@ -199,11 +214,12 @@ class HVGP(VariationalGP):
     floor_sizes = {"small": BenchSize(2000, 8, {"n_inducing": 64}, 256),
                    "paper": BenchSize(13500, 26, {"n_inducing": 256}, 1024)}
 
-    def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "pca_negation",
-                 n_ways: int = 3, period: int = 12, image_shape: tuple[int, int] = (28, 28), step: int = 4,
+    def __init__(self, n_features: int, n_inducing: int = 128, group: str | GroupAction = "auto",
+                 n_ways: int | None = None, period: int = 12, image_shape: tuple[int, int] = (28, 28), step: int = 4,
                  shared_inducing: bool = False, devices: Sequence[str | torch.device] | None = None, *,
-                 kernel: str | Kernel = "matern32", ard: bool = False, **kwargs):
+                 kernel: str | Kernel = "matern32", ard: bool | None = None, **kwargs):
         chunk_given = "chunk_size" in kwargs
+        ard = isinstance(group, str) and group == "auto" if ard is None else ard
         super().__init__(n_features, kernel=kernel, ard=ard, **kwargs)
         if not isinstance(group, GroupAction) and group not in GROUPS:
             raise ValueError(f"group must be one of {GROUPS} or a GroupAction, got {group!r}.")
@@ -211,12 +227,13 @@ class HVGP(VariationalGP):
             raise ValueError(f"group={group!r} mixes the input coordinates, so the kernel must have one shared "
                              "lengthscale to stay invariant: pass ard=False (the default for hvgp).")
         self.n_inducing = int(n_inducing)
-        self.group, self.n_ways, self.period = group, int(n_ways), int(period)
+        self.n_ways = min(3, self.n_features) if n_ways is None else int(n_ways)
+        self.group, self.period = group, int(period)
         self.image_shape, self.step = tuple(int(n) for n in image_shape), int(step)
         # the PCA directions are data: a buffer, so that a saved model restores its group (columns: directions)
         self.register_buffer("pca_basis", torch.eye(self.n_features))
         self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
-                                         shared=shared_inducing)
+                                         shared=shared_inducing, rotated=group == "auto")
         self.initialise_q(self.n_inducing, blocks=self.features.blocks)
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         if self.devices is not None and not 1 <= len(self.devices) <= self.features.blocks:
@@ -268,6 +285,9 @@ class HVGP(VariationalGP):
             if self.group == "pca_negation":
                 self.pca_basis.copy_(pca_directions(X).to(self.pca_basis))
                 self._rebuild_action()
+            if self.features.basis is not None:  # group='auto': the kernel, the group and Z see X B
+                self.features.basis.copy_(negation_basis(X, self.n_ways).to(self.features.basis))
+                X = self.features.coordinates(X)
             # float32 kernels reproduce k(G x, G x') only to about 1e-6 of k
             atol = 1e-10 if X.dtype == torch.float64 else 1e-4
             check_invariant(self.kernel, self.features.action, X[: min(len(X), 64)], atol=atol)

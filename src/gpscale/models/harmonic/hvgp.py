@@ -15,11 +15,12 @@ With ``shared_inducing=True`` every block uses the same Z (the paper's TRAN-S): 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 
-from ...defaults import TrainingDefaults
+from ...defaults import CONVERGENCE, TrainingDefaults
 from ...kernels import Kernel
 from ...kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
                                 Product, block_harmonic_grams, check_invariant, harmonic_gram, negation_basis,
@@ -210,6 +211,9 @@ class HVGP(VariationalGP):
 
     # natural-gradient q and the cap as svgp's: a default fit is meant to end on the plateau rule, not the cap
     default_training = TrainingDefaults("adam", lr=0.1, max_steps=5000)
+    # ARD lengthscales in the group's basis pass through long slow phases (the noise held high while they move):
+    # a patience of 2 windows ends fits inside them, far from where they go on to
+    default_convergence = replace(CONVERGENCE, patience=10)
     auto_dtype = "float32"  # faster than float64 at the same accuracy
     floor_sizes = {"small": BenchSize(2000, 8, {"n_inducing": 64}, 256),
                    "paper": BenchSize(13500, 26, {"n_inducing": 256}, 1024)}

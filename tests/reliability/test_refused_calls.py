@@ -156,6 +156,8 @@ OPTIONS = [
             "method='auto' chose 'exact' .* which has no option 'solver'"),
     Refusal("ard='maybe'", _refit(ard="maybe"), ValueError,
             "ard must be True or False for method 'exact', got 'maybe'"),
+    Refusal("ard='maybe' where None is the method's choice", _refit(method="hvgp", ard="maybe"), ValueError,
+            r"ard must be True, False or None \(the method's choice\) for method 'hvgp', got 'maybe'"),
     Refusal("dtype=float16", _refit(dtype="float16"), ValueError, "dtype must be 'auto', 'float64' or 'float32'"),
     Refusal("dtype=torch.int64", _refit(dtype=torch.int64), ValueError, "dtype must be 'auto', 'float64' or 'float32'"),
     Refusal("device='gpu'", _refit(device="gpu"), ValueError, "device='gpu' is not a device name"),

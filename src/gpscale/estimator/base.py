@@ -28,7 +28,8 @@ from ..train.validation import (fit_posterior_after_held_out, held_out_fraction,
                                 validation_split)
 from .persistence import SavedEstimator
 from .rows import as_numpy, check_global_rows, named_blocks
-from .settings import all_method_options, check_device, checkpoint_settings, given_hyperparameters, resolve_dtype
+from .settings import (all_method_options, boolean_options, check_device, checkpoint_settings,
+                       given_hyperparameters, resolve_dtype)
 
 __all__ = ["GPEstimator", "all_or_nothing"]
 
@@ -206,11 +207,12 @@ class GPEstimator(SavedEstimator, BaseEstimator):
                 chosen = (f"method='auto' chose {choice.method!r} ({choice.reason}), which" if self.method == "auto"
                           else f"Method {choice.method!r}")
                 raise ValueError(f"{chosen} has no option {name!r}. Its options: {', '.join(sorted(accepted))}.")
-            value = getattr(self, name)
-            boolean = isinstance(option_default(cls, name), bool)
-            if boolean and not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"{name} must be True or False for method {choice.method!r}, got {value!r}.")
-            options[name] = bool(value) if boolean else value
+            value, default = getattr(self, name), option_default(cls, name)
+            boolean = isinstance(default, bool) or (default is None and name in boolean_options())
+            if boolean and not isinstance(value, (bool, np.bool_)) and not (value is None and default is None):
+                either = "True, False or None (the method's choice)" if default is None else "True or False"
+                raise ValueError(f"{name} must be {either} for method {choice.method!r}, got {value!r}.")
+            options[name] = bool(value) if boolean and value is not None else value
         trained_on = rows_trained_on(n, held_out_fraction(cls, options, self.val_fraction, self.epochs, n))
         for name in cls.sizes_capped_by_rows:  # at most one inducing point per row trained on
             if name in accepted:

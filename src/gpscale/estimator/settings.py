@@ -76,13 +76,16 @@ def all_method_options() -> set[str]:
 
 
 def boolean_options() -> set[str]:
-    """The options that every registered method declaring them declares with a True or False default."""
-    kinds: dict[str, set[bool]] = {}
+    """The options that registered methods declare with a True or False default, or with None (the method choosing
+    one of the two, as hvgp's ``ard``) where another declares True or False; none declaring it otherwise."""
+    kinds: dict[str, set[str]] = {}
     for key in available_methods():
         cls = get_model_class(key)
         for name in option_names(cls):
-            kinds.setdefault(name, set()).add(isinstance(option_default(cls, name), bool))
-    return {name for name, boolean in kinds.items() if boolean == {True}}
+            default = option_default(cls, name)
+            kinds.setdefault(name, set()).add("bool" if isinstance(default, bool) else "none" if default is None
+                                              else "other")
+    return {name for name, seen in kinds.items() if "bool" in seen and seen <= {"bool", "none"}}
 
 
 def given_hyperparameters(options: dict) -> str:

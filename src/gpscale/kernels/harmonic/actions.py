@@ -95,9 +95,18 @@ def pca_directions(X: Tensor) -> Tensor:
     [d, d], by descending eigenvalue (float64)."""
     if X.ndim != 2 or X.shape[0] < 2:
         raise ValueError(f"PCA needs training inputs X [n, d] with n >= 2; got shape {tuple(X.shape)}.")
+    return _directions_of(_covariance(X))
+
+
+def _covariance(X: Tensor) -> Tensor:
+    """The sample covariance [d, d] of the rows of X [n, d], in float64."""
     Xc = X.detach().to(torch.float64)
     Xc = Xc - Xc.mean(0)
-    eigenvalues, U = torch.linalg.eigh(Xc.T @ Xc / (X.shape[0] - 1))
+    return Xc.T @ Xc / (X.shape[0] - 1)
+
+
+def _directions_of(covariance: Tensor) -> Tensor:
+    eigenvalues, U = torch.linalg.eigh(covariance)
     return U[:, eigenvalues.argsort(descending=True)]
 
 
@@ -109,16 +118,15 @@ def negation_basis(X: Tensor, n_ways: int, tolerance: float = 0.25) -> Tensor:
     ``||D_j C D_j - C||_F < tolerance ||C||_F`` (inputs with nearly uncorrelated columns, whose principal directions
     the data do not determine), else the :func:`pca_directions`, whose negations leave C unchanged by construction.
     Negations of the axes keep an ARD kernel invariant, those of other directions an ARD kernel in their basis."""
-    Xc = X.detach().to(torch.float64)
-    Xc = Xc - Xc.mean(0)
-    scale = Xc.square().sum(0).sqrt().clamp_min(torch.finfo(torch.float64).tiny)
-    C = (Xc / scale).T @ (Xc / scale)  # correlations; a constant column is uncorrelated with the rest
+    covariance = _covariance(X)
+    sd = covariance.diagonal().sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    C = covariance / sd[:, None] / sd  # correlations; a constant column is uncorrelated with the rest
     d = X.shape[-1]
     for j in range(min(n_ways, d)):
         sign = torch.ones(d, dtype=torch.float64)
         sign[j::n_ways] = -1.0
         if torch.linalg.norm(sign[:, None] * C * sign - C) >= tolerance * torch.linalg.norm(C):
-            return pca_directions(X)
+            return _directions_of(covariance)
     return torch.eye(d, dtype=torch.float64)
 
 

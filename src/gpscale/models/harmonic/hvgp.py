@@ -24,7 +24,7 @@ from ...defaults import CONVERGENCE, TrainingDefaults
 from ...kernels import Kernel
 from ...kernels.harmonic import (CyclicShift, GroupAction, Identity, ImageFlip, ImageRoll, LongitudeRotation, Negation,
                                 Product, block_harmonic_grams, check_invariant, harmonic_gram, negation_basis,
-                                orbit_gram, pca_directions, subspace_negations)
+                                orbit_gram, pca_directions)
 from ...kernels.stationary import weighted_grams
 from ...linalg import solve_lower
 from ..variational.engine import VariationalGP
@@ -134,24 +134,20 @@ def _weighted_orbit_gram(kernel, X: Tensor, orbits: Tensor, W: Tensor) -> Tensor
     return weighted_grams(kernel, orbits, X, W)
 
 
-def _rebuild_after_load(model: HVGP, incompatible_keys) -> None:
-    """A loaded pca_basis defines a new group: rebuild the action from it (a module-level hook: picklable)."""
-    model._rebuild_action()
-
-
 GROUPS = ("auto", "negation", "pca_negation", "pixel_negation", "cyclic_shift", "longitude", "image_roll",
           "image_flip", "identity")
+# the groups whose kernel, group and Z act on the inputs' coordinates in a basis taken from the training inputs
+_ROTATED_GROUPS = ("auto", "pca_negation")
 # an ARD kernel is not invariant to these: they mix coordinates
-_ISOTROPIC_GROUPS = ("pca_negation", "cyclic_shift", "longitude", "image_roll", "image_flip")
+_ISOTROPIC_GROUPS = ("cyclic_shift", "longitude", "image_roll", "image_flip")
 
 
-def make_group(name: str, n_features: int, *, basis: Tensor, n_ways: int, period: int,
-               image_shape: tuple[int, int], step: int) -> GroupAction:
-    """The action called ``name`` (:data:`GROUPS`) on R^d; ``basis`` [d, d] holds the PCA directions (columns, by
-    descending variance) for ``'pca_negation'``."""
-    if name == "pca_negation":
-        return subspace_negations(basis, n_ways)
-    if name in ("pixel_negation", "auto"):  # way j negates the coordinates j, J + j, 2J + j, ... (interleaved sets)
+def make_group(name: str, n_features: int, *, n_ways: int, period: int, image_shape: tuple[int, int],
+               step: int) -> GroupAction:
+    """The action called ``name`` (:data:`GROUPS`) on R^d, in the coordinates the features work in (for
+    ``'auto'`` and ``'pca_negation'``, those of the basis :meth:`HVGP.initialise_from_data` picks)."""
+    if name in ("pixel_negation", "auto", "pca_negation"):
+        # way j negates the coordinates j, J + j, 2J + j, ... (interleaved sets)
         if not 1 <= n_ways <= n_features:
             raise ValueError(f"n_ways={n_ways} must be between 1 and the {n_features} input columns.")
         return Product([Negation(dims=range(j, n_features, n_ways)) for j in range(n_ways)])
@@ -181,9 +177,10 @@ class HVGP(VariationalGP):
         group: the symmetry the kernel and, ideally, the inputs' distribution share (Thm 4.2):
             ``'auto'`` (default; ``n_ways`` negations of interleaved coordinate sets in the basis the training
             inputs pick, :func:`~gpscale.kernels.harmonic.negation_basis`: their axes where the columns are nearly
-            uncorrelated, else their principal directions; the kernel acts on the coordinates in that basis, so
-            an ARD kernel stays invariant), ``'pca_negation'`` (``n_ways`` negations of interleaved PCA subspaces
-            of the training inputs, T = 2^n_ways, with a shared lengthscale: the paper's regression benchmarks),
+            uncorrelated, else their principal directions), ``'pca_negation'`` (``n_ways`` negations of interleaved
+            PCA subspaces of the training inputs, T = 2^n_ways: the paper's regression benchmarks, with one shared
+            lengthscale). Under both the kernel, the group and Z act on the inputs' coordinates in that basis, B^T x,
+            so an ARD kernel stays invariant;
             ``'negation'`` (x -> -x, T = 2), ``'pixel_negation'``
             (``n_ways`` negations of interleaved coordinate sets: the paper's NEG on images), ``'cyclic_shift'``
             (roll the coordinates, P = d), ``'longitude'`` (rotate 3-D unit vectors about the z axis by
@@ -202,8 +199,8 @@ class HVGP(VariationalGP):
             [c]-sized moments return to the model's device, where the parameters stay (the paper runs its 8 x M
             models on 8 GPUs). Each step copies the groups' Z and q there: T m (d + m) numbers.
         kernel, ard: default ``'matern32'``, with ARD lengthscales (``ard=None``) under ``group='auto'`` and
-            one shared lengthscale under every other group: a shared lengthscale keeps the kernel invariant under
-            rotations and PCA negations; an ARD kernel is refused where it is not invariant.
+            one shared lengthscale under every other group (the paper's); an ARD kernel is refused under the groups
+            that mix coordinates (shifts, rotations, image rolls and flips), to which it is not invariant.
         **kwargs: ``jitter`` and the options of :class:`GPModel`.
 
     Inputs should be centred (negation is about the origin): gpscale's standardisation does this.
@@ -234,16 +231,13 @@ class HVGP(VariationalGP):
         self.n_ways = min(3, self.n_features) if n_ways is None else int(n_ways)
         self.group, self.period = group, int(period)
         self.image_shape, self.step = tuple(int(n) for n in image_shape), int(step)
-        # the PCA directions are data: a buffer, so that a saved model restores its group (columns: directions)
-        self.register_buffer("pca_basis", torch.eye(self.n_features))
         self.features = HarmonicFeatures(self.kernel, self._action(), self.n_inducing, self.n_features,
-                                         shared=shared_inducing, rotated=group == "auto")
+                                         shared=shared_inducing, rotated=group in _ROTATED_GROUPS)
         self.initialise_q(self.n_inducing, blocks=self.features.blocks)
         self.devices = None if devices is None else tuple(torch.device(d) for d in devices)
         if self.devices is not None and not 1 <= len(self.devices) <= self.features.blocks:
             raise ValueError(f"devices must list 1 to T = {self.features.blocks} devices (one group of blocks "
                              f"each), got {len(self.devices)}.")
-        self.register_load_state_dict_post_hook(_rebuild_after_load)
         if not chunk_given:
             # a chunk's kernel against every block's orbit is [c, S T m]: keep it near 2^22 entries (32 MB in
             # float64), so that a large orbit does not make a chunk of rows a kernel block of gigabytes
@@ -275,22 +269,28 @@ class HVGP(VariationalGP):
     def projects(self, X: Tensor) -> bool:
         return self.devices is None and super().projects(X)
 
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """As :meth:`GPModel.load_state_dict`; also reads the layout of earlier model files, which hold the PCA
+        directions as ``pca_basis`` and a ``'pca_negation'`` model's Z in the inputs' coordinates: B = pca_basis
+        and Z B for Z."""
+        state = dict(state_dict)
+        directions = state.pop("pca_basis", None)
+        if directions is not None and self.features.basis is not None and "features.basis" not in state:
+            state["features.basis"] = directions
+            state["features.Z"] = state["features.Z"] @ directions.to(state["features.Z"])
+        return super().load_state_dict(state, strict=strict, assign=assign)
+
     def _action(self) -> GroupAction:
         if isinstance(self.group, GroupAction):
             return self.group
-        return make_group(self.group, self.n_features, basis=self.pca_basis, n_ways=self.n_ways, period=self.period,
+        return make_group(self.group, self.n_features, n_ways=self.n_ways, period=self.period,
                           image_shape=self.image_shape, step=self.step)
-
-    def _rebuild_action(self) -> None:
-        self.features.action = self._action()
 
     def initialise_from_data(self, X: Tensor, y: Tensor, seed: int = 0) -> None:
         with torch.no_grad():
-            if self.group == "pca_negation":
-                self.pca_basis.copy_(pca_directions(X).to(self.pca_basis))
-                self._rebuild_action()
-            if self.features.basis is not None:  # group='auto': the kernel, the group and Z see X B
-                self.features.basis.copy_(negation_basis(X, self.n_ways).to(self.features.basis))
+            if self.features.basis is not None:  # the kernel, the group and Z see X B
+                basis = pca_directions(X) if self.group == "pca_negation" else negation_basis(X, self.n_ways)
+                self.features.basis.copy_(basis.to(self.features.basis))
                 X = self.features.coordinates(X)
             # float32 kernels reproduce k(G x, G x') only to about 1e-6 of k
             atol = 1e-10 if X.dtype == torch.float64 else 1e-4

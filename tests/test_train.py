@@ -18,7 +18,7 @@ from gpscale.defaults import Convergence
 from gpscale.distributed import LOCAL
 from gpscale.models import get_model_class
 from gpscale.train import TrainingError, fit, progress_bar
-from gpscale.train.convergence import Plateau, lbfgs_plateaued
+from gpscale.train.convergence import Plateau, cuts_due, lbfgs_plateaued
 from gpscale.train.progress import LinesPerMinute
 
 
@@ -351,6 +351,31 @@ def test_adam_to_convergence_steps_the_learning_rate_down_and_stops_on_the_plate
     capped = fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=50, lr=0.05, max_steps=12, progress=False,
                  convergence=rule)
     assert capped.converged is False and capped.steps == 12
+
+
+def test_a_fit_that_reaches_its_cap_spends_the_last_part_of_it_at_the_lower_rates():
+    """The last ``cooldown`` share of the cap (20% of 10 epochs) goes to the rates of one and two cuts, an epoch
+    each, where the plateau rule has not cut; cuts the rule took count towards them; ``cooldown=0`` keeps the rate."""
+    X, y = toy_regression(n=200)
+
+    def rates(rule, patience):
+        result = fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=50, lr=0.05, max_steps=40, progress=False,
+                     convergence=rule, patience=patience)
+        assert result.converged is False and result.steps == 40
+        return [h["lr"] for h in result.history]
+
+    assert rates(Convergence(), 1000) == pytest.approx([0.05] * 8 + [0.005, 0.0005])
+    assert rates(Convergence(cooldown=0.0), 1000) == pytest.approx([0.05] * 10)
+    plateau = Plateau(Convergence(tol=0.01, patience=1, lr_cuts=2), patience=None)
+    assert [plateau.update(v) for v in (5.0, 5.0)] == ["improved", "cut"]
+    assert plateau.catch_up(1) == 0 and plateau.catch_up(2) == 1 and plateau.catch_up(3) == 0
+    assert plateau.state["cuts"] == 2
+
+
+def test_cuts_due_give_each_lower_rate_an_equal_part_of_the_cooldown():
+    rule = Convergence(cooldown=0.2, lr_cuts=2)
+    assert [cuts_due(e, 50, rule) for e in range(35, 51)] == [0] * 5 + [1] * 5 + [2] * 6
+    assert [cuts_due(e, 3, rule) for e in (1, 2)] == [0, 0]  # parts under an epoch: none left of a short cap
 
 
 def test_adam_to_convergence_can_watch_the_validation_nlpd_and_keeps_the_best():

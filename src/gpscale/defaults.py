@@ -86,7 +86,10 @@ class Convergence:
     more than ``tol * max(1, |best|)``, where ``tol`` is ``minibatch_tol`` for minibatch losses: the mean of a
     window of minibatch losses moves by about that much from window to window by chance alone. After ``patience``
     windows without improvement Adam's learning rate is multiplied by ``lr_factor``; the next such plateau after
-    ``lr_cuts`` cuts ends training. L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
+    ``lr_cuts`` cuts ends training. A fit that the rule has not ended by the last ``cooldown`` share of its cap of
+    steps takes the cuts it has left there, one at the start of each of ``lr_cuts`` equal parts of that share, so
+    that a fit which reaches its cap ends at the lowest rate, as one the rule ends does, and not in the noise of its
+    first rate (Adam's iterate wanders by about the rate times the gradient's spread). L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
     fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` evaluations of the loss (counted to
     the end of an iteration: with one evaluation an iteration, the last ``lbfgs_window`` iterations; fewer where
     line searches take several). Either way, training stops after the method's ``max_steps``. With
@@ -99,6 +102,7 @@ class Convergence:
     patience: int = 2
     lr_factor: float = 0.1
     lr_cuts: int = 2
+    cooldown: float = 0.2
     full_batch_window: int = 10
     minibatch_window: int = 100
     minibatch_round: int = 1000

@@ -18,7 +18,7 @@ from ..preemption import Stopped, StopRequest
 from ..sources import MappedRows
 from .batches import Shard
 from .checkpointing import Checkpointer, Partial, snapshot
-from .convergence import Plateau, epochs_of
+from .convergence import Plateau, cuts_due, epochs_of
 from .epoch import Objective, run_epoch
 from .progress import progress_bar
 from .validation import validation_nlpd
@@ -118,9 +118,10 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         if window_ends:
             watched = record.get("val_nlpd", sum(h["loss"] for h in result.history[-window:]) / window)
             verdict = plateau.update(watched)
-            if verdict == "cut":
-                for group in optimiser.param_groups:
-                    group["lr"] *= convergence.lr_factor
+        cuts = (verdict == "cut") + (plateau.catch_up(cuts_due(epoch + 1, epochs, convergence))
+                                     if converging and verdict != "stop" else 0)
+        for group in optimiser.param_groups:
+            group["lr"] *= convergence.lr_factor ** cuts
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
         stopping_early = not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience
         if saver is not None:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from ..defaults import Convergence, Training
 
-__all__ = ["Plateau", "Epochs", "epochs_of", "lbfgs_plateaued"]
+__all__ = ["Plateau", "cuts_due", "Epochs", "epochs_of", "lbfgs_plateaued"]
 
 
 class Plateau:
@@ -36,6 +36,27 @@ class Plateau:
             s.update(cuts=s["cuts"] + 1, waited=0)
             return "cut"
         return "stop"
+
+    def catch_up(self, due: int) -> int:
+        """Take the cuts of ``due`` (:func:`cuts_due`) not yet taken, and return how many that is: the caller cuts
+        the learning rate that many times. The wait starts afresh after a cut."""
+        missing = max(0, min(due, self.lr_cuts) - self.state["cuts"])
+        if missing:
+            self.state.update(cuts=self.state["cuts"] + missing, waited=0)
+        return missing
+
+
+def cuts_due(epoch: int, epochs: int, convergence: Convergence) -> int:
+    """The learning-rate cuts a fit to convergence must have taken after ``epoch`` epochs (counted from 1) of its cap
+    of ``epochs``, to run its remaining epochs at the right rate: the last ``cooldown`` share of the cap is cut into
+    ``lr_cuts`` parts of ``w = cooldown * epochs / lr_cuts`` epochs, the i-th at the rate of i cuts, so with
+    r = epochs - epoch epochs left, ``lr_cuts + 1 - ceil(r / w)``, within [0, lr_cuts]. Where w is under an epoch
+    the parts are rounded to whole epochs, and none is left of a cap of a few epochs."""
+    if convergence.cooldown <= 0 or convergence.lr_cuts <= 0:
+        return 0
+    part = convergence.cooldown * epochs / convergence.lr_cuts
+    due = convergence.lr_cuts + 1 - math.ceil((epochs - epoch) / part)
+    return min(convergence.lr_cuts, max(0, due))
 
 
 class Epochs(NamedTuple):

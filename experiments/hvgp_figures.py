@@ -372,8 +372,8 @@ def _inputs(name: str, s: NystromSettings, generator: torch.Generator) -> Tensor
 
 
 def _groups(X: Tensor, n_ways: int) -> dict[str, GroupAction]:
-    """J-way negations along the PCA directions of X [n, d] (what ``group='pca_negation'`` builds) and along the
-    coordinate axes."""
+    """J-way negations along the PCA directions of X [n, d] (on x, the group that ``group='pca_negation'`` applies
+    as coordinate negations of B^T x) and along the coordinate axes."""
     return {"PCA negation": subspace_negations(pca_directions(X), n_ways),
             "axis negation": subspace_negations(torch.eye(X.shape[1], dtype=F64), n_ways)}
 

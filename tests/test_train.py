@@ -366,6 +366,10 @@ def test_a_fit_that_reaches_its_cap_spends_the_last_part_of_it_at_the_lower_rate
 
     assert rates(Convergence(), 1000) == pytest.approx([0.05] * 8 + [0.005, 0.0005])
     assert rates(Convergence(cooldown=0.0), 1000) == pytest.approx([0.05] * 10)
+    # windows of one epoch that never improve: the rule cuts after 4 (epoch 5) and again at epoch 9, where the
+    # cool-down asks for its second cut too, which is the same cut
+    never_better = Convergence(minibatch_tol=1e9, minibatch_window=4, lr_cuts=2)
+    assert rates(never_better, 4) == pytest.approx([0.05] * 5 + [0.005] * 4 + [0.0005])
     plateau = Plateau(Convergence(tol=0.01, patience=1, lr_cuts=2), patience=None)
     assert [plateau.update(v) for v in (5.0, 5.0)] == ["improved", "cut"]
     assert plateau.catch_up(1) == 0 and plateau.catch_up(2) == 1 and plateau.catch_up(3) == 0

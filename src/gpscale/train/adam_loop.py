@@ -118,8 +118,10 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         if window_ends:
             watched = record.get("val_nlpd", sum(h["loss"] for h in result.history[-window:]) / window)
             verdict = plateau.update(watched)
-        cuts = (verdict == "cut") + (plateau.catch_up(cuts_due(epoch + 1, epochs, convergence))
-                                     if converging and verdict != "stop" else 0)
+        # the cool-down's cuts, for the epochs left (none after the last: a resumed fit with a larger cap would
+        # start at the lowest rate)
+        cooling = converging and verdict != "stop" and epoch + 1 < epochs
+        cuts = (verdict == "cut") + (plateau.catch_up(cuts_due(epoch + 1, epochs, convergence)) if cooling else 0)
         for group in optimiser.param_groups:
             group["lr"] *= convergence.lr_factor ** cuts
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})

@@ -277,7 +277,8 @@ class HVGP(VariationalGP):
         directions = state.pop("pca_basis", None)
         if directions is not None and self.features.basis is not None and "features.basis" not in state:
             state["features.basis"] = directions
-            state["features.Z"] = state["features.Z"] @ directions.to(state["features.Z"])
+            if "features.Z" in state:
+                state["features.Z"] = state["features.Z"] @ directions.to(state["features.Z"])
         return super().load_state_dict(state, strict=strict, assign=assign)
 
     def _action(self) -> GroupAction:

@@ -370,16 +370,38 @@ def test_a_fit_that_reaches_its_cap_spends_the_last_part_of_it_at_the_lower_rate
     # cool-down asks for its second cut too, which is the same cut
     never_better = Convergence(minibatch_tol=1e9, minibatch_window=4, lr_cuts=2)
     assert rates(never_better, 4) == pytest.approx([0.05] * 5 + [0.005] * 4 + [0.0005])
+
+
+def test_a_cap_of_one_epoch_is_cooled_within_it(monkeypatch):
+    import gpscale.train.adam_loop as loop
+
+    rates, make = [], loop.adam
+
+    def recording(model, lr):  # Adam that notes the rate of every step
+        optimiser = make(model, lr)
+        step = optimiser.step
+        optimiser.step = lambda *args, **kwargs: rates.append(optimiser.param_groups[0]["lr"]) or step(*args, **kwargs)
+        return optimiser
+
+    monkeypatch.setattr(loop, "adam", recording)
+    X, y = toy_regression(n=200)
+    fit(SVGP(2, n_inducing=8).double(), X, y, batch_size=10, lr=0.05, max_steps=20, progress=False, patience=1000)
+    assert rates == pytest.approx([0.05] * 16 + [0.005] * 2 + [0.0005] * 2)  # the last 20% of 20 steps
+
+
+def test_the_plateau_rule_counts_the_cool_downs_cuts():
     plateau = Plateau(Convergence(tol=0.01, patience=1, lr_cuts=2), patience=None)
     assert [plateau.update(v) for v in (5.0, 5.0)] == ["improved", "cut"]
-    assert plateau.catch_up(1) == 0 and plateau.catch_up(2) == 1 and plateau.catch_up(3) == 0
-    assert plateau.state["cuts"] == 2
+    plateau.catch_up(1)
+    assert plateau.state["cuts"] == 1
+    plateau.catch_up(3)
+    assert plateau.state["cuts"] == 2 and plateau.update(5.0) == "stop"
 
 
 def test_cuts_due_give_each_lower_rate_an_equal_part_of_the_cooldown():
     rule = Convergence(cooldown=0.2, lr_cuts=2)
-    assert [cuts_due(e, 50, rule) for e in range(35, 51)] == [0] * 5 + [1] * 5 + [2] * 6
-    assert [cuts_due(e, 3, rule) for e in (1, 2)] == [0, 0]  # parts under an epoch: none left of a short cap
+    assert [cuts_due(step, 50, rule) for step in range(35, 50)] == [0] * 5 + [1] * 5 + [2] * 5
+    assert [cuts_due(step, 3, rule) for step in range(3)] == [0, 0, 0]  # parts of 0.3 steps: too short to cool
 
 
 def test_adam_to_convergence_can_watch_the_validation_nlpd_and_keeps_the_best():

@@ -87,11 +87,10 @@ class Convergence:
     window of minibatch losses moves by about that much from window to window by chance alone. After ``patience``
     windows without improvement Adam's learning rate is multiplied by ``lr_factor``; the next such plateau after
     ``lr_cuts`` cuts ends training. A fit that the rule has not ended by the last ``cooldown`` share of its cap of
-    steps takes the cuts it has left there, one at the start of each of ``lr_cuts`` equal parts of that share, so
-    that a fit which reaches its cap ends at the lowest rate, as one the rule ends does, and not in the noise of its
-    first rate (Adam's iterate wanders by about the rate times the gradient's spread). The parts are whole epochs
-    (or rounds), so a cap of fewer than ``lr_cuts / cooldown`` of them is cooled less, and one of a few not at all.
-    L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
+    steps (rounded up to whole epochs) takes the cuts it has left there, one at the first step of each of
+    ``lr_cuts`` equal parts of that share, so that a fit which reaches its cap ends at the lowest rate, as one the
+    rule ends does, and not in the noise of its first rate (Adam's iterate wanders by about the rate times the
+    gradient's spread). L-BFGS-B stops where scipy's own tests say it has converged, or when the loss
     fell by less than ``tol * max(1, |loss|)`` over the last ``lbfgs_window`` evaluations of the loss (counted to
     the end of an iteration: with one evaluation an iteration, the last ``lbfgs_window`` iterations; fewer where
     line searches take several). Either way, training stops after the method's ``max_steps``. With

@@ -58,6 +58,7 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
     shard = Shard.of(X.shape[0], comm)
     converging = settings.epochs is None
     epochs, steps_per_epoch, sample, window = epochs_of(settings, convergence, model.full_batch, shard.n_global)
+    cap = epochs * steps_per_epoch  # the cap of steps in whole epochs, whose last part the cool-down takes
     scheduler = None if converging else make_scheduler(schedule, optimiser, epochs)
     best = {"nlpd": math.inf, "state": None, "epoch": None, "last_good": -1}
     watching = X_val is not None and (convergence.watch_validation or not converging)
@@ -75,6 +76,16 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         if state["finished"] is not None:  # the plateau rule or early stopping had ended it: nothing left to train
             epochs = first
             result.converged, result.stopped_early = state["finished"]
+    for group in optimiser.param_groups:  # the rates that the cuts divide (a checkpoint's, where resumed)
+        group.setdefault("initial_lr", group["lr"])
+
+    def set_rate(step: int) -> None:
+        """Training to convergence, the rate of the fit's step ``step`` (from 0): the first rate cut once for each
+        of the plateau rule's cuts or of the cool-down's due at that step, whichever are more."""
+        cuts = max(plateau.state["cuts"], cuts_due(step, cap, convergence))
+        for group in optimiser.param_groups:
+            group["lr"] = group["initial_lr"] * convergence.lr_factor ** cuts
+
     step_state = state["step_state"] if state is not None else {}
     objective = Objective(model)
     if comm.world_size > 1:
@@ -93,8 +104,9 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         model.set_step_state(step_state)  # a resumed epoch's, saved where it stopped
         step_state = {}
         epoch_start = generator.get_state()  # a stop mid-epoch resumes with this epoch's permutation
+        rate = (lambda step: set_rate(epoch * steps_per_epoch + step)) if converging else None
         run = run_epoch(model, objective, X, y, optimiser, generator, settings.batch_size, shard, comm, speculate,
-                        first_step=done_before.steps, stop=stop, mapped=mapped, sample=sample)
+                        first_step=done_before.steps, stop=stop, mapped=mapped, sample=sample, rate=rate)
         speculate = speculate and not run.redone  # a check that failed tends to fail again: check eagerly from now
         if run.steps < run.n_steps:  # asked to stop
             partial = Partial(run.steps, done_before.total + run.total)
@@ -118,12 +130,10 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         if window_ends:
             watched = record.get("val_nlpd", sum(h["loss"] for h in result.history[-window:]) / window)
             verdict = plateau.update(watched)
-        # the cool-down's cuts, for the epochs left (none after the last: a resumed fit with a larger cap would
-        # start at the lowest rate)
-        cooling = converging and verdict != "stop" and epoch + 1 < epochs
-        cuts = (verdict == "cut") + (plateau.catch_up(cuts_due(epoch + 1, epochs, convergence)) if cooling else 0)
-        for group in optimiser.param_groups:
-            group["lr"] *= convergence.lr_factor ** cuts
+        if converging and verdict != "stop" and epoch + 1 < epochs:
+            # the rule counts the cool-down's cuts so far, so that the plateau after the last ends the fit (none
+            # after the last epoch: a fit resumed with a larger cap would start at the lowest rate)
+            plateau.catch_up(cuts_due((epoch + 1) * steps_per_epoch - 1, cap, convergence))
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
         stopping_early = not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience
         if saver is not None:

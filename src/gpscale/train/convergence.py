@@ -37,25 +37,23 @@ class Plateau:
             return "cut"
         return "stop"
 
-    def catch_up(self, due: int) -> int:
-        """Take the cuts of ``due`` (:func:`cuts_due`) not yet taken, and return how many that is: the caller cuts
-        the learning rate that many times. The wait starts afresh after a cut."""
-        missing = max(0, min(due, self.lr_cuts) - self.state["cuts"])
-        if missing:
-            self.state.update(cuts=self.state["cuts"] + missing, waited=0)
-        return missing
+    def catch_up(self, due: int) -> None:
+        """Count the cuts of ``due`` (:func:`cuts_due`) not yet counted, so that the plateau after ``lr_cuts`` cuts,
+        the rule's or the cool-down's, ends training. The wait starts afresh after a cut."""
+        cuts = min(max(due, self.state["cuts"]), self.lr_cuts)
+        if cuts > self.state["cuts"]:
+            self.state.update(cuts=cuts, waited=0)
 
 
-def cuts_due(epoch: int, epochs: int, convergence: Convergence) -> int:
-    """The learning-rate cuts a fit to convergence must have taken after ``epoch`` epochs (counted from 1) of its cap
-    of ``epochs``, to run its remaining epochs at the right rate: the last ``cooldown`` share of the cap is cut into
-    ``lr_cuts`` parts of ``w = cooldown * epochs / lr_cuts`` epochs, the i-th at the rate of i cuts, so with
-    r = epochs - epoch epochs left, ``lr_cuts + 1 - ceil(r / w)``, within [0, lr_cuts]. Where w is under an epoch
-    the parts are rounded to whole epochs, and none is left of a cap of a few epochs."""
+def cuts_due(step: int, steps: int, convergence: Convergence) -> int:
+    """The learning-rate cuts due at step ``step`` (from 0) of a fit to convergence with a cap of ``steps``: the last
+    ``cooldown`` share of the cap is cut into ``lr_cuts`` parts of ``w = cooldown * steps / lr_cuts`` steps, the
+    i-th at the rate of i cuts, so with r = steps - step steps left (this one among them),
+    ``lr_cuts + 1 - ceil(r / w)``, within [0, lr_cuts]."""
     if convergence.cooldown <= 0 or convergence.lr_cuts <= 0:
         return 0
-    part = convergence.cooldown * epochs / convergence.lr_cuts
-    due = convergence.lr_cuts + 1 - math.ceil((epochs - epoch) / part)
+    part = convergence.cooldown * steps / convergence.lr_cuts
+    due = convergence.lr_cuts + 1 - math.ceil((steps - step) / part)
     return min(convergence.lr_cuts, max(0, due))
 
 

@@ -82,11 +82,13 @@ class EpochRun(NamedTuple):
 
 def run_epoch(model, objective, X, y, optimiser, generator, batch_size, shard: Shard, comm: Comm,
               speculate: bool = True, first_step: int = 0, stop: StopRequest | None = None,
-              mapped: MappedRows | None = None, sample: int | None = None) -> EpochRun:
+              mapped: MappedRows | None = None, sample: int | None = None,
+              rate: Callable[[int], None] | None = None) -> EpochRun:
     """One pass, from its step ``first_step`` (a resumed epoch), ending before any step when ``stop`` asks (a
     collective under data parallelism: every process ends at the same step), reading rows from ``mapped`` as
-    :func:`~gpscale.train.fit` says; over the first ``sample`` rows of its permutation only, where given (a round).
-    The losses are the global batch's.
+    :func:`~gpscale.train.fit` says; over the first ``sample`` rows of its permutation only, where given (a round);
+    ``rate(step)`` sets the learning rate before each step (its index in the epoch), where given. The losses are
+    the global batch's.
 
     Speculating, the steps never wait for the device: every check inside them (that a Cholesky factorisation
     succeeded, that the loss is finite) is deferred (:func:`gpscale.device.deferred_checks`) and the losses are
@@ -101,6 +103,8 @@ def run_epoch(model, objective, X, y, optimiser, generator, batch_size, shard: S
         for step in range(first_step, len(batches)):
             if stop is not None and stop.pending(comm):
                 return total, step
+            if rate is not None:
+                rate(step)
             total = total + _step(objective, X, y, batches[step], optimiser, shard, comm, mapped)
         return total, len(batches)
 

@@ -182,6 +182,19 @@ def test_checkpoint_resume_continues_where_training_stopped(tmp_path):
             torch.testing.assert_close(a, b, msg=name)
 
 
+def test_a_fit_to_convergence_resumes_only_with_its_own_cap(tmp_path):
+    """The cool-down takes the last part of the cap: resumed with another, the rates would be neither fit's."""
+    from gpscale.checkpoint import CheckpointError
+
+    X, y = toy_regression(n=100)
+    path = tmp_path / "ckpt.pt"
+    settings = dict(batch_size=25, lr=0.05, progress=False, checkpoint=path, patience=1000)
+    fit(SVGP(2, n_inducing=6).double(), X, y, max_steps=20, **settings)
+    with pytest.raises(CheckpointError, match="max_steps"):
+        fit(SVGP(2, n_inducing=6).double(), X, y, max_steps=40, resume=True, **settings)
+    assert fit(SVGP(2, n_inducing=6).double(), X, y, max_steps=20, resume=True, **settings).steps == 20
+
+
 def test_an_untrainable_model_skips_the_optimiser_and_fits_its_posterior():
     X, y = toy_regression(n=60)
     model = sgpr()

@@ -6,7 +6,8 @@ A checkpoint is ``torch.save`` of a dict, written atomically (:func:`gpscale.io.
 - of the data: n, d, each column's mean and standard deviation (of X and of y, over every process's rows) and
   ``SAMPLE_ROWS`` rows drawn by global index, the same rows whatever the number of processes;
 - of the settings that shape the state: the method, the dtype, the batch size, the learning rate, the seed, the
-  validation settings and whatever the caller adds (the estimator: the model's options and the scaling).
+  validation settings, a fit to convergence's cap of steps (whose last part is cooled down) and whatever the caller
+  adds (the estimator: the model's options and the scaling).
 
 Resuming compares the fingerprint saved with the present one and refuses, saying what differs, where they disagree
 beyond round-off: a state trained on other rows or with other options would continue silently from the wrong place.

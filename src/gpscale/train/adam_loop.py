@@ -130,9 +130,8 @@ def optimise_adam(model, X, y, X_val, y_val, result, state, generator, settings:
         if window_ends:
             watched = record.get("val_nlpd", sum(h["loss"] for h in result.history[-window:]) / window)
             verdict = plateau.update(watched)
-        if converging and verdict != "stop" and epoch + 1 < epochs:
-            # the rule counts the cool-down's cuts so far, so that the plateau after the last ends the fit (none
-            # after the last epoch: a fit resumed with a larger cap would start at the lowest rate)
+        if converging and verdict != "stop":
+            # the rule counts the cool-down's cuts so far, so that the plateau after the last ends the fit
             plateau.catch_up(cuts_due((epoch + 1) * steps_per_epoch - 1, cap, convergence))
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_nlpd")})
         stopping_early = not converging and "val_nlpd" in record and epoch - best["last_good"] >= patience

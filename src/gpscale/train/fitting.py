@@ -160,7 +160,9 @@ def fit(
             check_writable(checkpoint)  # before the first epoch, not after it
         shaping = {"method": model.key or type(model).__name__, "dtype": str(X.dtype).removeprefix("torch."),
                    "batch_size": settings.batch_size, "lr": settings.lr, "val_fraction": val_fraction, "seed": seed,
-                   "schedule": schedule, "patience": patience, "val_every": val_every, "convergence": convergence}
+                   "schedule": schedule, "patience": patience, "val_every": val_every, "convergence": convergence,
+                   # training to convergence cools down the last part of its cap: another cap, another schedule
+                   "max_steps": settings.max_steps if settings.epochs is None else None}
         release = mapped.release if mapped is not None else (lambda: None)
         saver = None if checkpoint is None else Checkpointer(
             checkpoint, data_fingerprint(X, y, comm),

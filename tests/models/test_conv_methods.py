@@ -203,7 +203,7 @@ def test_bad_harmonic_options_are_refused():
     with pytest.raises(ValueError, match=r"group must be one of \('negation', 'checkerboard'\).*got 'rotation'"):
         classifier("conv-hvgp", group="rotation").fit(X, labels)
     with pytest.raises(ValueError, match=r"group='checkerboard' splits a patch's pixels in two.*group='negation'"):
-        classifier("conv-hvgp", filter_size=1).fit(X, labels)
+        classifier("conv-hvgp", group="checkerboard", filter_size=1).fit(X, labels)
 
 
 def test_filter_size_and_stride_take_an_int_or_a_pair_at_the_front_door():

@@ -228,7 +228,7 @@ class DeepConvHVGP(VariationalGP):
         hidden_channels: the output channels of the hidden layers, an int for all or one per hidden layer. None:
             10 each (the paper's 2- and 3-layer nets).
         padding: ``'valid'`` (default: the HKD authors' code for these nets) or ``'same'``, every layer.
-        n_inducing: inducing patches of the output layer, per block (paper 1,000; default 128, conv-hvgp's).
+        n_inducing: inducing patches of the output layer, per block (paper 1,000; default 128).
         hidden_inducing: inducing patches of each hidden layer, per block (paper 384; default 16: with the default
             checkerboard, 4 x 16 = 64 inducing variables a layer, whose orbits of 4 patch maps give 256 patches to
             evaluate each input patch against; pass more with group=None, which has one block). Every layer's
